@@ -1,0 +1,114 @@
+"""Public S2O entry point: validate, pick an implementation, never fall back silently."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .reference import s2o_reference
+from .stats import AttentionStats
+from .validation import check_choice, check_finite, check_positive_int, check_qkv
+
+VARIANTS = ("two_pass", "fused")
+IMPLS = ("auto", "reference", "triton")
+
+
+def _triton_usable(device: torch.device) -> bool:
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """``auto`` -> Triton for CUDA tensors, reference otherwise; an explicit choice is checked."""
+    check_choice("impl", impl, IMPLS)
+    if impl == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    if impl == "triton" and not _triton_usable(device):
+        raise ValueError(
+            f"impl='triton' needs CUDA tensors (got device {device}); set TRITON_INTERPRET=1 to run "
+            "the kernels on the CPU interpreter, or use impl='reference'"
+        )
+    return impl
+
+
+def check_s2o_args(
+    *, segment_len, tau, block_m, block_n, local_window, q_perm, variant, scale
+) -> bool:
+    """Validate the S2O knobs; returns the effective ``q_perm``."""
+    check_positive_int("segment_len", segment_len)
+    check_positive_int("block_m", block_m)
+    check_positive_int("block_n", block_n)
+    check_finite("tau", tau)
+    check_choice("variant", variant, VARIANTS)
+    if segment_len % block_m or segment_len % block_n:
+        raise ValueError(
+            f"segment_len={segment_len} must be a multiple of block_m={block_m} "
+            f"and block_n={block_n}"
+        )
+    if isinstance(local_window, bool) or not isinstance(local_window, int) or local_window < 0:
+        raise ValueError(f"local_window must be an int >= 0, got {local_window!r}")
+    if local_window % block_n:
+        raise ValueError(f"local_window={local_window} must be a multiple of block_n={block_n}")
+    if scale is not None:
+        check_finite("scale", scale)
+    if q_perm is None:
+        return variant == "two_pass"
+    if q_perm and variant == "fused":
+        raise ValueError("variant='fused' does not reorder queries: q_perm=True is not supported")
+    if not isinstance(q_perm, bool):
+        raise ValueError(f"q_perm must be a bool or None, got {q_perm!r}")
+    return q_perm
+
+
+def s2o_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    segment_len: int = 2048,
+    tau: float = 0.005,
+    block_m: int = 128,
+    block_n: int = 128,
+    local_window: int = 0,
+    q_perm: bool | None = None,
+    variant: str = "two_pass",
+    scale: float | None = None,
+    impl: str = "auto",
+    return_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
+    """Causal S2O sparse prefill attention.
+
+    Args:
+        q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]`` with ``Hq % Hkv == 0`` (GQA, no repeat needed).
+            fp16, bf16 or fp32, all on one device.
+        segment_len: ``S``, tokens per segment; a multiple of ``block_m`` and ``block_n``.
+        tau: early-stop threshold; ``tau <= 0`` never stops (exact dense causal attention).
+        block_m, block_n: query and key tile sizes; also the unit of the sparsity statistics.
+        local_window: keys just before each segment computed densely (multiple of ``block_n``).
+        q_perm: reorder queries inside segments (Alg. 1 (i)). ``None`` means True for
+            ``variant="two_pass"`` and False for ``"fused"``, which never reorders queries.
+        variant: ``"two_pass"`` (Pass-1 buffers + Pass-2) or ``"fused"`` (single pass).
+        scale: softmax scale, default ``1/sqrt(D)``.
+        impl: ``"auto"`` (Triton for CUDA tensors, reference on CPU), ``"reference"`` or ``"triton"``.
+        return_stats: also return :class:`AttentionStats` (``.sparsity`` float,
+            ``.sparsity_per_head`` ``[B, Hq]``).
+    Returns:
+        ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
+    """
+    check_qkv(q, k, v)
+    use_q_perm = check_s2o_args(
+        segment_len=segment_len, tau=tau, block_m=block_m, block_n=block_n,
+        local_window=local_window, q_perm=q_perm, variant=variant, scale=scale,
+    )  # fmt: skip
+    knobs = dict(
+        segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
+        local_window=local_window, q_perm=use_q_perm, scale=scale,
+    )  # fmt: skip
+    chosen = resolve_impl(impl, q.device)
+    if chosen == "reference":
+        out, stats = s2o_reference(q, k, v, **knobs)
+    else:
+        from .kernels import s2o_triton
+
+        out, stats = s2o_triton(q, k, v, variant=variant, **knobs)
+    return (out, stats) if return_stats else out

@@ -1,0 +1,56 @@
+"""S2O behind the method interface: ``estimate`` is Step 1, ``attend`` is Pass-1 + Pass-2."""
+
+from __future__ import annotations
+
+from ..api import check_s2o_args, resolve_impl
+from ..reference import s2o_permutations, s2o_reference
+from ..validation import check_choice
+from .registry import Method, register
+
+DEFAULTS = {
+    "segment_len": 2048,
+    "tau": 0.005,
+    "block_m": 128,
+    "block_n": 128,
+    "local_window": 0,
+    "q_perm": None,
+    "variant": "two_pass",
+    "scale": None,
+    "impl": "auto",
+}
+
+
+def _check(*, impl, **knobs):
+    check_choice("impl", impl, ("auto", "reference", "triton"))
+    check_s2o_args(**knobs)
+
+
+def _estimate(q, k, v, *, segment_len, local_window, impl, **_):
+    if resolve_impl(impl, q.device) == "reference":
+        return s2o_permutations(q, k, segment_len, local_window)
+    from ..kernels import s2o_step1
+
+    return s2o_step1(q, k, segment_len=segment_len, local_window=local_window)
+
+
+def _attend(q, k, v, perms, *, impl, variant, q_perm, **knobs):
+    use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, **knobs)
+    knobs["tau"] = float(knobs["tau"])
+    if resolve_impl(impl, q.device) == "reference":
+        return s2o_reference(q, k, v, q_perm=use_q_perm, perms=perms, **knobs)
+    from ..kernels import s2o_triton
+
+    return s2o_triton(q, k, v, variant=variant, q_perm=use_q_perm, perms=perms, **knobs)
+
+
+S2O = register(
+    Method(
+        name="s2o",
+        estimate=_estimate,
+        attend=_attend,
+        defaults=DEFAULTS,
+        main_knob="tau",
+        sparsity_increases_with_knob=True,
+        check=_check,
+    )
+)

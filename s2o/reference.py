@@ -1,0 +1,236 @@
+"""S2O in plain PyTorch: the specification the Triton kernels are tested against.
+
+Paper: "S2O: Early Stopping for Sparse Attention via Online Permutation", Section 3 (Algorithms 1-3)
+and the appendix single-pass algorithm. Everything here runs on the CPU and accumulates in fp32.
+
+Layout: q ``[B, Hq, L, D]``, k and v ``[B, Hkv, L, D]``, ``Hq % Hkv == 0`` (query head ``h`` reads
+key/value head ``h // (Hq // Hkv)``), causal prefill with equal query and key lengths.
+
+Definitions (the kernels follow them exactly):
+
+* **Segments.** Segment ``n`` holds tokens ``[n*S, min((n+1)*S, L))``; the last one may be shorter
+  and ``L < S`` gives one segment.
+* **Step 1 (Alg. 1).** ``q_mean[n]``/``k_mean[n]`` are means over the tokens of segment ``n``.
+  ``k_guide = k_mean[0]`` of the key head. ``Q_perm`` orders the queries of each segment by
+  descending ``<q, k_guide>``; ``KV_perm[n]`` orders the *ranked prefix* ``t < P_n`` by descending
+  ``<q_mean[n], k_t>``, where ``P_n = max(0, n*S - W)`` excludes the ``W = local_window`` keys that
+  are computed densely (``W = 0`` is Alg. 1 as printed). Scores are fp32 dot products without the
+  softmax scale (a positive factor does not change an order); ties keep ascending token order.
+  Indices are absolute token positions.
+* **Pass-1 (Alg. 2) + local window.** Every query ``i`` of segment ``n`` attends densely, in original
+  order, to keys ``[max(0, n*S - W), i]``: the local window and the causal part of its own segment.
+  This gives its online-softmax state ``(m, l, acc)``.
+* **Pass-2 (Alg. 3).** The queries of a segment, in ``Q_perm`` order (original order when
+  ``q_perm=False``), form tiles of ``block_m`` rows. Each tile walks ``KV_perm[n][:P_n]`` in tiles
+  of ``block_n`` keys (the last one may be shorter). For a key tile, with ``m' = max(m, rowmax(s))``
+  the gain of row ``r`` is ``g_r = sum_t exp(s_rt - m')`` and its accumulated mass in the same scale
+  is ``l_r * exp(m_r - m')``.
+* **The stop rule (tile level).** A row *gains* when ``g_r >= tau * l_r * exp(m_r - m')`` (the
+  paper's ``delta_l >= tau * l``). If no valid row of the tile gains, the walk stops and that key
+  tile is **discarded** (Alg. 3: its contribution is not added); it still counts as processed,
+  because its ``Q K^T`` was computed. Otherwise all rows of the tile take the update and the walk
+  goes on. ``tau <= 0`` never stops, which makes the output exact dense causal attention.
+* **Fused variant (appendix algorithm).** No query reordering; Pass-1, local window and the ranked
+  walk run back to back on one state. Arithmetically it is Pass-2 with ``q_perm=False``; the fused
+  kernel only keeps ``(m, l, acc)`` in registers instead of HBM buffers.
+* **Statistics.** A processed tile is one ``block_m x block_n`` query-key tile whose ``Q K^T`` was
+  computed: Pass-1 tiles (window + own segment, causal, fully masked tiles skipped) plus the key
+  tiles each Pass-2 query tile visited. Density = processed / :func:`dense_causal_tile_count`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .stats import AttentionStats, _cdiv, dense_causal_tile_count
+
+
+def segment_ranges(seq_len: int, segment_len: int) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` of every segment; the last may be shorter than ``segment_len``."""
+    return [(s, min(s + segment_len, seq_len)) for s in range(0, seq_len, segment_len)]
+
+
+def ranked_prefix_len(segment_start: int, local_window: int) -> int:
+    """Number of keys segment ``[segment_start, ...)`` ranks and walks in Pass-2: ``P_n``."""
+    return max(0, segment_start - local_window)
+
+
+def s2o_permutations(
+    q: torch.Tensor, k: torch.Tensor, segment_len: int, local_window: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 1 (Alg. 1): the index arrays, nothing else is moved.
+
+    Args:
+        q: ``[B, Hq, L, D]``; k: ``[B, Hkv, L, D]``.
+    Returns:
+        q_perm: ``[B, Hq, L]`` int64. ``q_perm[..., s:e]`` is a permutation of ``s..e-1`` for every
+            segment ``[s, e)``: absolute query positions in descending ``<q, k_guide>`` order.
+        kv_perm: ``[B, Hq, N, P_max]`` int64, ``P_max = P_{N-1}``. Row ``n`` holds the ranked prefix
+            ``0..P_n-1`` in descending ``<q_mean[n], k>`` order, padded with ``-1``.
+    """
+    B, Hq, L, D = q.shape
+    group = Hq // k.shape[1]
+    qf = q.float()
+    kf = k.float().repeat_interleave(group, dim=1)
+    segs = segment_ranges(L, segment_len)
+
+    k_guide = kf[:, :, segs[0][0] : segs[0][1]].mean(dim=2)  # [B, Hq, D]
+    s_q = torch.einsum("bhld,bhd->bhl", qf, k_guide)
+    q_perm = torch.empty(B, Hq, L, dtype=torch.long, device=q.device)
+    for s, e in segs:
+        order = torch.sort(s_q[:, :, s:e], dim=-1, descending=True, stable=True).indices
+        q_perm[:, :, s:e] = order + s
+
+    q_mean = torch.stack([qf[:, :, s:e].mean(dim=2) for s, e in segs], dim=2)  # [B, Hq, N, D]
+    s_k = torch.einsum("bhnd,bhld->bhnl", q_mean, kf)
+    prefix = torch.tensor([ranked_prefix_len(s, local_window) for s, _ in segs], device=q.device)
+    beyond = torch.arange(L, device=q.device)[None, :] >= prefix[:, None]  # [N, L]
+    s_k = s_k.masked_fill(beyond, float("-inf"))
+    p_max = int(prefix.max())
+    kv_perm = torch.sort(s_k, dim=-1, descending=True, stable=True).indices[..., :p_max].clone()
+    kv_perm.masked_fill_(torch.arange(p_max, device=q.device) >= prefix[:, None], -1)
+    return q_perm, kv_perm
+
+
+def _pass1_state(q_seg, k, v, seg_start, local_window, scale):
+    """Dense causal attention of the queries of one segment over ``[seg_start - W, i]``.
+
+    Args: q_seg ``[B, H, R, D]`` (segment rows in original order), k/v ``[B, H, L, D]`` repeated.
+    Returns the online-softmax state ``(m [B,H,R], l [B,H,R], acc [B,H,R,D])`` in fp32.
+    """
+    lo = max(0, seg_start - local_window)
+    rows = q_seg.shape[2]
+    ks, vs = k[:, :, lo : seg_start + rows], v[:, :, lo : seg_start + rows]
+    s = torch.einsum("bhrd,bhtd->bhrt", q_seg, ks) * scale
+    row_pos = seg_start + torch.arange(rows, device=q_seg.device)
+    key_pos = lo + torch.arange(ks.shape[2], device=q_seg.device)
+    s = s.masked_fill(key_pos[None, :] > row_pos[:, None], float("-inf"))
+    m = s.amax(dim=-1)
+    p = torch.exp(s - m[..., None])
+    return m, p.sum(dim=-1), torch.einsum("bhrt,bhtd->bhrd", p, vs)
+
+
+def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale):
+    """Pass-2 (Alg. 3) for all query tiles of one segment at once, each tile stopping on its own.
+
+    Args:
+        q_rows: ``[B, H, R, D]`` fp32 queries in walk order (permuted or not).
+        state: ``(m, l, acc)`` for those rows, updated in place.
+        ranked: ``[B, H, P]`` key positions in walk order.
+    Returns:
+        visited: ``[B, H, T]`` key tiles each query tile processed (the discarded one included).
+    """
+    m, l, acc = state
+    B, H, R, D = q_rows.shape
+    n_tiles = _cdiv(R, block_m)
+    pad = n_tiles * block_m - R
+    valid = torch.arange(n_tiles * block_m, device=q_rows.device).view(n_tiles, block_m) < R
+    active = torch.ones(B, H, n_tiles, dtype=torch.bool, device=q_rows.device)
+    visited = torch.zeros(B, H, n_tiles, dtype=torch.long, device=q_rows.device)
+    for j in range(_cdiv(ranked.shape[-1], block_n)):
+        if not bool(active.any()):
+            break
+        idx = ranked[:, :, j * block_n : (j + 1) * block_n]
+        gather = idx[..., None].expand(-1, -1, -1, D)
+        kt, vt = torch.gather(k, 2, gather), torch.gather(v, 2, gather)
+        s = torch.einsum("bhrd,bhtd->bhrt", q_rows, kt) * scale
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        p = torch.exp(s - m_new[..., None])
+        gain = p.sum(dim=-1)
+        l_old = l * torch.exp(m - m_new)
+        if tau > 0:
+            row_gains = torch.nn.functional.pad(gain >= tau * l_old, (0, pad))
+            row_gains = row_gains.view(B, H, n_tiles, block_m) & valid
+            keep_tile = active & row_gains.any(dim=-1)
+        else:
+            keep_tile = active
+        visited += active.long()
+        active = keep_tile
+        keep = keep_tile.repeat_interleave(block_m, dim=-1)[..., :R]
+        alpha = torch.exp(m - m_new)
+        m.copy_(torch.where(keep, m_new, m))
+        l.copy_(torch.where(keep, l_old + gain, l))
+        upd = acc * alpha[..., None] + torch.einsum("bhrt,bhtd->bhrd", p, vt)
+        acc.copy_(torch.where(keep[..., None], upd, acc))
+    return visited
+
+
+def s2o_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    segment_len: int,
+    tau: float,
+    block_m: int,
+    block_n: int,
+    local_window: int = 0,
+    q_perm: bool = True,
+    scale: float | None = None,
+    perms: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, AttentionStats]:
+    """S2O attention (Step 1 + Pass-1 + Pass-2) in plain PyTorch; inputs are assumed validated.
+
+    Args:
+        q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]``.
+        q_perm: order queries by ``Q_perm`` inside each segment (False: original order, which is
+            also the arithmetic of the fused single-pass variant).
+        perms: ``(q_perm, kv_perm)`` from :func:`s2o_permutations` with the same ``segment_len``
+            and ``local_window``; computed here when None.
+    Returns:
+        out ``[B, Hq, L, D]`` in q's dtype, and :class:`AttentionStats` whose ``extra`` holds
+        ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` (key tiles visited per Pass-2 query tile, in
+        segment then walk order), ``pass2_tiles_max`` ``[n_query_tiles]`` and ``pass1_tiles``.
+    """
+    B, Hq, L, D = q.shape
+    group = Hq // k.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    q_idx, kv_idx = (
+        perms if perms is not None else s2o_permutations(q, k, segment_len, local_window)
+    )
+    qf = q.float()
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    out = torch.empty(B, Hq, L, D, dtype=torch.float32, device=q.device)
+    visited, visit_max, pass1_tiles = [], [], 0
+    for n, (s, e) in enumerate(segment_ranges(L, segment_len)):
+        m, l, acc = _pass1_state(qf[:, :, s:e], kf, vf, s, local_window, scale)
+        order = (
+            q_idx[:, :, s:e] if q_perm else torch.arange(s, e, device=q.device).expand(B, Hq, -1)
+        )
+        local = order - s
+        state = [torch.gather(x, 2, local) for x in (m, l)]
+        state.append(torch.gather(acc, 2, local[..., None].expand(-1, -1, -1, D)))
+        q_rows = torch.gather(qf, 2, order[..., None].expand(-1, -1, -1, D))
+        prefix = ranked_prefix_len(s, local_window)
+        ranked = kv_idx[:, :, n, :prefix]
+        visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, block_m, block_n, tau, scale))
+        visit_max += [_cdiv(prefix, block_n)] * _cdiv(e - s, block_m)
+        pass1_tiles += _pass1_tiles(s, e, local_window, block_m, block_n)
+        o = state[2] / state[1][..., None]
+        out.scatter_(2, order[..., None].expand(-1, -1, -1, D), o)
+    pass2 = torch.cat(visited, dim=-1)
+    stats = AttentionStats(
+        tiles_processed=(pass2.sum(dim=-1) + pass1_tiles).double(),
+        tiles_dense=dense_causal_tile_count(L, block_m, block_n),
+        block_m=block_m,
+        block_n=block_n,
+        extra={
+            "pass2_tiles": pass2,
+            "pass2_tiles_max": torch.tensor(visit_max, dtype=torch.long),
+            "pass1_tiles": pass1_tiles,
+        },
+    )
+    return out.to(q.dtype), stats
+
+
+def _pass1_tiles(seg_start, seg_end, local_window, block_m, block_n):
+    """Tiles Pass-1 computes for one segment: window tiles plus causal in-segment tiles."""
+    window = min(local_window, seg_start)
+    total = 0
+    for a in range(seg_start, seg_end, block_m):
+        last_row = min(a + block_m, seg_end) - 1
+        total += _cdiv(window, block_n) + _cdiv(last_row + 1 - seg_start, block_n)
+    return total
