@@ -25,8 +25,8 @@ def resolve_impl(impl: str, device: torch.device) -> str:
         return "triton" if device.type == "cuda" else "reference"
     if impl == "triton" and not _triton_usable(device):
         raise ValueError(
-            f"impl='triton' needs CUDA tensors (got device {device}); set TRITON_INTERPRET=1 to run "
-            "the kernels on the CPU interpreter, or use impl='reference'"
+            f"impl='triton' needs CUDA tensors (got device {device}); set TRITON_INTERPRET=1 "
+            "to run the kernels on the CPU interpreter, or use impl='reference'"
         )
     return impl
 
@@ -79,8 +79,8 @@ def s2o_attention(
     """Causal S2O sparse prefill attention.
 
     Args:
-        q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]`` with ``Hq % Hkv == 0`` (GQA, no repeat needed).
-            fp16, bf16 or fp32, all on one device.
+        q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]`` with ``Hq % Hkv == 0`` (GQA, K/V are
+            not repeated). fp16, bf16 or fp32, all on one device.
         segment_len: ``S``, tokens per segment; a multiple of ``block_m`` and ``block_n``.
         tau: early-stop threshold; ``tau <= 0`` never stops (exact dense causal attention).
         block_m, block_n: query and key tile sizes; also the unit of the sparsity statistics.
@@ -89,7 +89,8 @@ def s2o_attention(
             ``variant="two_pass"`` and False for ``"fused"``, which never reorders queries.
         variant: ``"two_pass"`` (Pass-1 buffers + Pass-2) or ``"fused"`` (single pass).
         scale: softmax scale, default ``1/sqrt(D)``.
-        impl: ``"auto"`` (Triton for CUDA tensors, reference on CPU), ``"reference"`` or ``"triton"``.
+        impl: ``"auto"`` (Triton for CUDA tensors, reference on CPU), ``"reference"`` or
+            ``"triton"``; an explicit choice never falls back.
         return_stats: also return :class:`AttentionStats` (``.sparsity`` float,
             ``.sparsity_per_head`` ``[B, Hq]``).
     Returns:

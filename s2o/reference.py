@@ -17,8 +17,9 @@ Definitions (the kernels follow them exactly):
   are computed densely (``W = 0`` is Alg. 1 as printed). Scores are fp32 dot products without the
   softmax scale (a positive factor does not change an order); ties keep ascending token order.
   Indices are absolute token positions.
-* **Pass-1 (Alg. 2) + local window.** Every query ``i`` of segment ``n`` attends densely, in original
-  order, to keys ``[max(0, n*S - W), i]``: the local window and the causal part of its own segment.
+* **Pass-1 (Alg. 2) + local window.** Every query ``i`` of segment ``n`` attends densely, in
+  original order, to keys ``[max(0, n*S - W), i]``: the local window and the causal part of its
+  own segment.
   This gives its online-softmax state ``(m, l, acc)``.
 * **Pass-2 (Alg. 3).** The queries of a segment, in ``Q_perm`` order (original order when
   ``q_perm=False``), form tiles of ``block_m`` rows. Each tile walks ``KV_perm[n][:P_n]`` in tiles

@@ -19,8 +19,8 @@ def _cdiv(a: int, b: int) -> int:
 def dense_causal_tile_count(seq_len: int, block_m: int, block_n: int) -> int:
     """Tiles a dense causal FlashAttention-style kernel computes for one (batch, head).
 
-    Query tile ``i`` covers rows ``[i*block_m, min((i+1)*block_m, L))``; it needs every key tile that
-    holds a key at or before its last row (diagonal tiles included, fully masked tiles skipped).
+    Query tile ``i`` covers rows ``[i*block_m, min((i+1)*block_m, L))``; it needs every key tile
+    that holds a key at or before its last row (diagonal tiles included, fully masked ones skipped).
     """
     if seq_len <= 0:
         return 0
