@@ -1,9 +1,99 @@
-"""Triton kernels for S2O (Step 1, Pass-1, Pass-2, fused). Never imports ``s2o.reference``."""
+"""Triton kernels for S2O (Step 1, Pass-1, Pass-2, fused). Never imports ``s2o.reference``.
+
+Public entry points: :func:`s2o_step1` (index arrays) and :func:`s2o_triton` (attention + stats).
+Both keep the specification's layouts, so ``s2o_triton(perms=s2o_step1(...))`` and the reference's
+``perms`` are interchangeable.
+"""
 
 from __future__ import annotations
 
+import torch
+import triton
 
-def s2o_triton(q, k, v, **knobs):
-    raise NotImplementedError(
-        "the S2O Triton kernels are not implemented yet; use impl='reference'"
+from ..stats import AttentionStats, dense_causal_tile_count
+from .s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config
+from .s2o_step1 import s2o_step1
+
+__all__ = ["s2o_step1", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused", "set_launch_config"]
+
+
+def pass1_tile_count(seq_len: int, segment_len: int, local_window: int, bm: int, bn: int) -> int:
+    """Query-key tiles Pass-1 computes per head: window tiles + causal in-segment tiles."""
+    total = 0
+    for s in range(0, seq_len, segment_len):
+        e = min(s + segment_len, seq_len)
+        window = min(local_window, s)
+        for a in range(s, e, bm):
+            last = min(a + bm, e) - 1
+            total += triton.cdiv(window, bn) + triton.cdiv(last + 1 - s, bn)
+    return total
+
+
+def pass2_tile_max(seq_len: int, segment_len: int, local_window: int, bm: int, bn: int) -> list:
+    """``ceil(P_n / block_n)`` for every query tile, in segment order."""
+    out = []
+    for s in range(0, seq_len, segment_len):
+        e = min(s + segment_len, seq_len)
+        out += [triton.cdiv(max(0, s - local_window), bn)] * triton.cdiv(e - s, bm)
+    return out
+
+
+def s2o_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    variant: str = "two_pass",
+    segment_len: int,
+    tau: float,
+    block_m: int,
+    block_n: int,
+    local_window: int = 0,
+    q_perm: bool = True,
+    scale: float | None = None,
+    perms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, AttentionStats]:
+    """S2O attention with the Triton kernels; inputs are assumed validated (see ``s2o.api``).
+
+    Args:
+        q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]`` (fp16/bf16; fp32 for the interpreter).
+        variant: ``"two_pass"`` (Pass-1 buffers, then Pass-2) or ``"fused"`` (single pass,
+            original query order; ``q_perm`` must be False).
+        q_perm: walk queries in ``Q_perm`` order (two_pass only).
+        perms: ``(q_perm [B, Hq, L], kv_perm [B, Hq, N, P_max])`` from :func:`s2o_step1`.
+        out: optional contiguous ``[B, Hq, L, D]`` output buffer (tests pass a NaN-filled one).
+    Returns:
+        ``out`` ``[B, Hq, L, D]`` and :class:`AttentionStats` with the reference's ``extra``:
+        ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` int64, ``pass2_tiles_max``, ``pass1_tiles``.
+    """
+    L = q.shape[2]
+    geo = dict(segment_len=segment_len, local_window=local_window, block_m=block_m, block_n=block_n)
+    if perms is None:
+        perms = s2o_step1(q, k, segment_len=segment_len, local_window=local_window)
+    qp, kvp = perms
+    if variant == "fused":
+        if q_perm:
+            raise ValueError("variant='fused' does not reorder queries: q_perm must be False")
+        out, visited = s2o_fused(q, k, v, kvp, tau=tau, scale=scale, out=out, **geo)
+    else:
+        state = s2o_pass1(q, k, v, scale=scale, **geo)
+        out, visited = s2o_pass2(
+            q, k, v, state, qp, kvp, tau=tau, scale=scale, use_qperm=bool(q_perm), out=out, **geo
+        )
+    pass1 = pass1_tile_count(L, segment_len, local_window, block_m, block_n)
+    pass2 = visited.long()
+    stats = AttentionStats(
+        tiles_processed=(pass2.sum(dim=-1) + pass1).double(),
+        tiles_dense=dense_causal_tile_count(L, block_m, block_n),
+        block_m=block_m,
+        block_n=block_n,
+        extra={
+            "pass2_tiles": pass2,
+            "pass2_tiles_max": torch.tensor(
+                pass2_tile_max(L, segment_len, local_window, block_m, block_n), dtype=torch.long
+            ),
+            "pass1_tiles": pass1,
+        },
     )
+    return out, stats

@@ -1,0 +1,369 @@
+"""S2O attention kernels: Pass-1, Pass-2 (early stop), and the fused single pass.
+
+One program owns one ``BLOCK_M`` query tile of one (batch, query head); the key/value head is
+``h // GROUP`` (GQA without repeating K/V). Scores live in the log2 domain: ``s2 = q.k * scale *
+log2(e)``, ``p = exp2(s2 - m2)``, so ``m`` in the buffers is ``m2``. Every tile update is the
+FlashAttention online-softmax recurrence; the Pass-2 walk adds the tile-level stop rule:
+
+    m2' = max(m2, rowmax s2); p = exp2(s2 - m2'); gain = rowsum p; l_old = l * exp2(m2 - m2')
+    if no valid row has gain >= tau * l_old: stop, discard this tile, count it as visited
+
+which is the reference's rule with ``exp`` written as ``exp2`` of log2e-prescaled scores (the two
+sides of the comparison are the same real numbers, only rounded differently).
+
+Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
+``USE_QPERM`` (gather query rows through ``q_perm``), ``GATHER`` (gather key rows through
+``kv_perm``; off = contiguous key tiles ``0..P-1``) and ``EARLY_STOP`` (stop-rule control flow).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# (num_warps, num_stages) per kernel; benchmarks may override them via set_launch_config
+_LAUNCH = {"pass1": None, "pass2": None, "fused": None}
+
+
+def set_launch_config(kernel: str, num_warps: int | None, num_stages: int | None = None) -> None:
+    """Pin ``num_warps``/``num_stages`` of ``pass1``, ``pass2`` or ``fused``; None resets."""
+    _LAUNCH[kernel] = None if num_warps is None else (num_warps, num_stages)
+
+
+def _launch_config(kernel: str, head_d: int, device: torch.device) -> dict:
+    if _LAUNCH[kernel] is not None:
+        w, s = _LAUNCH[kernel]
+        return {"num_warps": w, "num_stages": s}
+    if device.type != "cuda":
+        return {}
+    return {"num_warps": 8 if head_d >= 128 else 4, "num_stages": 3 if head_d >= 128 else 2}
+
+
+@triton.jit
+def _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED: tl.constexpr, IEEE: tl.constexpr):
+    """One online-softmax step over a key tile; ``mask`` [BM, BN] is used only when MASKED."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    else:
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _dense_causal(
+    q, m_i, l_i, acc, K_head, V_head, stride_kl, stride_vl, rows, lo, a, L, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """Pass-1 body: keys ``[lo, row]`` for query rows ``a .. a+BLOCK_M-1`` in original order."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    n_full = (a + 1 - lo) // BLOCK_N  # key tiles entirely at or below every row of the tile
+    for j in range(0, n_full):
+        cols = (lo + j * BLOCK_N + offs_n).to(tl.int64)
+        k = tl.load(K_head + cols[:, None] * stride_kl + offs_d[None, :])
+        v = tl.load(V_head + cols[:, None] * stride_vl + offs_d[None, :])
+        m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, None, False, IEEE)
+    end = tl.minimum(a + BLOCK_M, L)
+    for start in range(lo + n_full * BLOCK_N, end, BLOCK_N):
+        cols = start + offs_n
+        col_ok = cols < L
+        k = tl.load(
+            K_head + cols[:, None].to(tl.int64) * stride_kl + offs_d[None, :],
+            mask=col_ok[:, None], other=0.0,
+        )  # fmt: skip
+        v = tl.load(
+            V_head + cols[:, None].to(tl.int64) * stride_vl + offs_d[None, :],
+            mask=col_ok[:, None], other=0.0,
+        )  # fmt: skip
+        mask = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
+        m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, True, IEEE)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
+                  BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr):  # fmt: skip
+    """Key tile ``j`` of the ranked walk: rows ``kv_perm[j*BN : (j+1)*BN]`` (or ``j*BN..``)."""
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < P
+    if GATHER:
+        idx = tl.load(KVP_row + cols, mask=col_ok, other=0)
+    else:
+        idx = cols.to(tl.int64)
+    offs_d = tl.arange(0, HEAD_D)
+    ok = col_ok[:, None]
+    k = tl.load(K_head + idx[:, None] * stride_kl + offs_d[None, :], mask=ok, other=0.0)
+    v = tl.load(V_head + idx[:, None] * stride_vl + offs_d[None, :], mask=ok, other=0.0)
+    return k, v, col_ok
+
+
+@triton.jit
+def _ranked_walk(
+    q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
+    EARLY_STOP: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits."""
+    n_tiles = tl.cdiv(P, BLOCK_N)
+    if EARLY_STOP:
+        visited = n_tiles * 0
+        j = n_tiles * 0
+        go = n_tiles > 0
+        while go:
+            k, v, col_ok = _load_kv_tile(
+                K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, BLOCK_N, HEAD_D, GATHER
+            )
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(col_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+            gain = tl.sum(p, 1)
+            alpha = tl.math.exp2(m_i - m_new)
+            l_old = l_i * alpha
+            gains = (gain >= tau * l_old) & row_ok
+            keep = tl.max(gains.to(tl.int32), 0) > 0
+            visited += 1
+            if keep:
+                if IEEE:
+                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                l_i = l_old + gain
+                m_i = m_new
+            j += 1
+            go = keep & (j < n_tiles)
+    else:
+        for j in range(0, n_tiles):
+            k, v, col_ok = _load_kv_tile(
+                K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, BLOCK_N, HEAD_D, GATHER
+            )
+            mask = col_ok[None, :]
+            m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, True, IEEE)
+        visited = n_tiles
+    return m_i, l_i, acc, visited
+
+
+@triton.jit
+def _s2o_pass1_kernel(
+    Q, K, V, M_buf, L_buf, A_buf,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
+    stride_vl, L, H, GROUP, S, W, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """Dense intra-segment causal attention + local window -> ``(m2, l, acc)`` buffers.
+
+    Grid ``(cdiv(L, BLOCK_M), B * Hq)``; buffers are ``[B*Hq, L]`` and ``[B*Hq, L, D]`` fp32.
+    """
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest tiles first
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    a = tile * BLOCK_M
+    lo = tl.maximum((a // S) * S - W, 0)
+    rows = a + tl.arange(0, BLOCK_M)
+    row_ok = rows < L
+    offs_d = tl.arange(0, HEAD_D)
+    q_ptrs = Q + b * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_ql
+    q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    m_i, l_i, acc = _dense_causal(
+        q, m_i, l_i, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
+        stride_kl, stride_vl, rows, lo, a, L, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, IEEE,
+    )  # fmt: skip
+    st = bh * L + rows
+    tl.store(M_buf + st, m_i, mask=row_ok)
+    tl.store(L_buf + st, l_i, mask=row_ok)
+    tl.store(A_buf + st[:, None] * HEAD_D + offs_d[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _s2o_pass2_kernel(
+    Q, K, V, O, QP, KVP, M_buf, L_buf, A_buf, VISITED,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
+    stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
+    GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """Ranked walk with early stop for one query tile of ``Q_perm`` order; scatters the output.
+
+    Query tile ``tile`` covers walk slots ``[tile*BM, tile*BM + BM)`` of its segment; row ``r``'s
+    position is ``q_perm[b, h, tile*BM + r]`` (identity without USE_QPERM). Key tile ``j`` is
+    ``kv_perm[b, h, n, j*BN : (j+1)*BN]``. ``VISITED[b*Hq + h, tile]`` gets the tiles visited.
+    """
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest walks first
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    a = tile * BLOCK_M
+    seg = a // S
+    seg_start = seg * S
+    P = tl.maximum(seg_start - W, 0)
+    slots = a + tl.arange(0, BLOCK_M)
+    row_ok = slots < tl.minimum(seg_start + S, L)
+    if USE_QPERM:
+        pos = tl.load(QP + bh * L + slots, mask=row_ok, other=0)
+    else:
+        pos = slots.to(tl.int64)
+    offs_d = tl.arange(0, HEAD_D)
+    q_ptrs = Q + b * stride_qb + h * stride_qh + pos[:, None] * stride_ql + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    st = bh * L + pos
+    m_i = tl.load(M_buf + st, mask=row_ok, other=0.0)
+    l_i = tl.load(L_buf + st, mask=row_ok, other=1.0)
+    acc = tl.load(A_buf + st[:, None] * HEAD_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    m_i, l_i, acc, visited = _ranked_walk(
+        q, m_i, l_i, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
+        KVP + b * stride_pb + h * stride_ph + seg * stride_pn, stride_kl, stride_vl, P, row_ok,
+        qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, IEEE,
+    )  # fmt: skip
+    tl.store(VISITED + bh * N_TILES + tile, visited)
+    out = acc / l_i[:, None]
+    o_ptrs = O + bh * L * HEAD_D + pos[:, None] * HEAD_D + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _s2o_fused_kernel(
+    Q, K, V, O, KVP, VISITED,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
+    stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
+    EARLY_STOP: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    a = tile * BLOCK_M
+    seg = a // S
+    seg_start = seg * S
+    lo = tl.maximum(seg_start - W, 0)
+    rows = a + tl.arange(0, BLOCK_M)
+    row_ok = rows < L
+    offs_d = tl.arange(0, HEAD_D)
+    q_ptrs = Q + b * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_ql
+    q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_head = K + b * stride_kb + hk * stride_kh
+    v_head = V + b * stride_vb + hk * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    m_i, l_i, acc = _dense_causal(
+        q, m_i, l_i, acc, k_head, v_head, stride_kl, stride_vl, rows, lo, a, L, qk_scale,
+        BLOCK_M, BLOCK_N, HEAD_D, IEEE,
+    )  # fmt: skip
+    m_i, l_i, acc, visited = _ranked_walk(
+        q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
+        stride_kl, stride_vl, lo, row_ok, qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER,
+        EARLY_STOP, IEEE,
+    )  # fmt: skip
+    tl.store(VISITED + bh * N_TILES + tile, visited)
+    out = acc / l_i[:, None]
+    o_ptrs = O + bh * L * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _kv_strides(kv_perm: torch.Tensor) -> tuple[int, int, int]:
+    return kv_perm.stride(0), kv_perm.stride(1), kv_perm.stride(2)
+
+
+def _prep(q, k, v, scale):
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    D = q.shape[-1]
+    if D & (D - 1) or D < 16:
+        raise ValueError(f"the Triton kernels need a power-of-two head_dim >= 16, got {D}")
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    return q, k, v, scale * LOG2E, q.dtype == torch.float32
+
+
+def s2o_pass1(q, k, v, *, segment_len, local_window, block_m, block_n, scale=None):
+    """Pass-1: ``(m2 [B*Hq, L], l [B*Hq, L], acc [B*Hq, L, D])`` fp32 states in original order."""
+    q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
+    B, Hq, L, D = q.shape
+    m = torch.empty(B * Hq, L, dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty(B * Hq, L, D, dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(L, block_m), B * Hq)
+    _s2o_pass1_kernel[grid](
+        q, k, v, m, l, acc, *_strides(q), *_strides(k), *_strides(v), L, Hq, Hq // k.shape[1],
+        segment_len, local_window, qk_scale, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+        IEEE=ieee, **_launch_config("pass1", D, q.device),
+    )  # fmt: skip
+    return m, l, acc
+
+
+def s2o_pass2(
+    q, k, v, state, q_perm, kv_perm, *, segment_len, local_window, block_m, block_n, tau,
+    scale=None, use_qperm=True, gather=True, early_stop=None, out=None,
+):  # fmt: skip
+    """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
+
+    ``q_perm`` ``[B, Hq, L]`` and ``kv_perm`` ``[B, Hq, N, P_max]`` int64 (step 1's layout).
+    ``early_stop=None`` means ``tau > 0``; True with ``tau <= 0`` runs the stop-rule control flow
+    without ever stopping (overhead decomposition D).
+    """
+    q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
+    B, Hq, L, D = q.shape
+    n_tiles = triton.cdiv(L, block_m)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    visited = torch.empty(B, Hq, n_tiles, dtype=torch.int32, device=q.device)
+    kvp = kv_perm if kv_perm.numel() else kv_perm.new_zeros(B, Hq, 1, 1)
+    early_stop = tau > 0 if early_stop is None else early_stop
+    m, l, acc = state
+    _s2o_pass2_kernel[(n_tiles, B * Hq)](
+        q, k, v, out, q_perm.contiguous(), kvp, m, l, acc, visited,
+        *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp), L, Hq, Hq // k.shape[1],
+        segment_len, local_window, n_tiles, qk_scale, float(tau), BLOCK_M=block_m,
+        BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
+        IEEE=ieee, **_launch_config("pass2", D, q.device),
+    )  # fmt: skip
+    return out, visited
+
+
+def s2o_fused(
+    q, k, v, kv_perm, *, segment_len, local_window, block_m, block_n, tau, scale=None,
+    gather=True, early_stop=None, out=None,
+):  # fmt: skip
+    """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`."""
+    q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
+    B, Hq, L, D = q.shape
+    n_tiles = triton.cdiv(L, block_m)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    visited = torch.empty(B, Hq, n_tiles, dtype=torch.int32, device=q.device)
+    kvp = kv_perm if kv_perm.numel() else kv_perm.new_zeros(B, Hq, 1, 1)
+    early_stop = tau > 0 if early_stop is None else early_stop
+    _s2o_fused_kernel[(n_tiles, B * Hq)](
+        q, k, v, out, kvp, visited, *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp),
+        L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale, float(tau),
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop,
+        IEEE=ieee, **_launch_config("fused", D, q.device),
+    )  # fmt: skip
+    return out, visited

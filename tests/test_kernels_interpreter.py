@@ -1,0 +1,139 @@
+"""S2O Triton kernels vs the plain-PyTorch reference under TRITON_INTERPRET=1 (tiny shapes).
+
+"The kernel is correct" means: the same Step-1 indices, the same tile decisions (``pass2_tiles``)
+and statistics, and outputs within the rounding error of the kernel's own precision. The output
+tolerance is derived, not guessed: the kernel rounds the probabilities ``p`` to the input dtype
+before the ``P V`` product, so the yardstick is the error of exact attention rounded that way.
+"""
+
+import math
+
+import pytest
+import torch
+
+from s2o.kernels import s2o_step1, s2o_triton
+from s2o.reference import s2o_permutations, s2o_reference
+
+pytestmark = pytest.mark.interpreter
+
+SEG, BLOCK = 32, 16
+
+
+def _exact(shape, gen):
+    """Multiples of 1/4 in [-2, 2]: every fp32 dot product and segment mean (power-of-two
+    counts) is exact, so Step-1 orders are bit-identical and ties really occur."""
+    return torch.randint(-8, 9, shape, generator=gen).float() / 4
+
+
+def _qkv(B, Hq, Hkv, L, D, dtype, gen, peak=1.0):
+    q = torch.randn(B, Hq, L, D, generator=gen) * peak
+    k = torch.randn(B, Hkv, L, D, generator=gen)
+    k[:, :, 0] += 2.0 * q.mean(dim=2).view(B, Hkv, -1, D).mean(dim=2)  # a mild attention sink
+    v = torch.randn(B, Hkv, L, D, generator=gen)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _yardstick(q, k, v):
+    """Relative error of causal attention whose probabilities and outputs are rounded to q's dtype
+    (what the kernel does), against exact fp64 attention."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double(), k.double().repeat_interleave(group, 1), v.double()
+    vd = vd.repeat_interleave(group, 1)
+    s = qd @ kd.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    exact = (p @ vd) / p.sum(-1, keepdim=True)
+    rounded = ((p.to(q.dtype).double() @ vd) / p.sum(-1, keepdim=True)).to(q.dtype)
+    return float((rounded - exact).norm() / exact.norm())
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _unambiguous_tau(q, k, v, perms, knobs, candidates=(0.02, 0.1, 0.3, 1.0, 3.0, 10.0)):
+    """First tau that skips tiles and whose reference decisions do not move under +-1% tau."""
+    for tau in candidates:
+        runs = [
+            s2o_reference(q, k, v, tau=t, perms=perms, **knobs)[1].extra["pass2_tiles"]
+            for t in (tau * 0.99, tau, tau * 1.01)
+        ]
+        skipped = bool((runs[1] < s2o_reference(q, k, v, tau=0.0, perms=perms, **knobs)[1]
+                        .extra["pass2_tiles"]).any())  # fmt: skip
+        if skipped and torch.equal(runs[0], runs[1]) and torch.equal(runs[1], runs[2]):
+            return tau
+    pytest.fail(f"no unambiguous tau with skipping among {candidates}")
+
+
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,L,D,S,W",
+    [
+        (1, 4, 2, 100, 16, 32, 0),  # last segment of 4 tokens
+        (2, 2, 2, 72, 32, 64, 0),  # batch 2, no GQA, last segment of 8
+        (1, 4, 1, 136, 16, 32, 32),  # GQA 4, local window
+        (1, 2, 1, 32, 16, 64, 0),  # L < S: one segment, empty kv_perm
+    ],
+)
+def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, gen):
+    q, k = _exact((B, Hq, L, D), gen), _exact((B, Hkv, L, D), gen)
+    qp, kvp = s2o_step1(q, k, segment_len=S, local_window=W)
+    rqp, rkvp = s2o_permutations(q, k, S, W)
+    assert qp.dtype == rqp.dtype and kvp.dtype == rkvp.dtype
+    assert qp.shape == rqp.shape and kvp.shape == rkvp.shape, (qp.shape, kvp.shape, rkvp.shape)
+    assert torch.equal(qp, rqp), f"q_perm differs at {(qp != rqp).nonzero()[:5].tolist()}"
+    assert torch.equal(kvp, rkvp), f"kv_perm differs at {(kvp != rkvp).nonzero()[:5].tolist()}"
+
+
+CASES = [
+    # dtype, variant, q_perm, B, Hq, Hkv, L, D, W
+    (torch.float16, "two_pass", True, 1, 4, 2, 100, 16, 0),
+    (torch.float16, "two_pass", True, 2, 2, 1, 77, 32, 16),
+    (torch.float16, "two_pass", False, 1, 2, 2, 100, 16, 0),
+    (torch.float16, "fused", False, 1, 4, 2, 100, 16, 0),
+    (torch.float16, "fused", False, 1, 2, 1, 90, 32, 32),
+    (torch.float32, "two_pass", True, 1, 4, 4, 112, 16, 0),
+    (torch.float32, "fused", False, 1, 2, 2, 90, 16, 16),
+    (torch.float16, "two_pass", True, 1, 2, 1, 20, 16, 0),  # L < S and L < block
+]
+
+
+@pytest.mark.parametrize("dtype,variant,q_perm,B,Hq,Hkv,L,D,W", CASES)
+def test_kernels_match_reference(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, gen):
+    q, k, v = _qkv(B, Hq, Hkv, L, D, dtype, gen, peak=1.5)
+    knobs = dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, local_window=W, q_perm=q_perm)
+    perms = s2o_permutations(q, k, SEG, W)
+    tol = 2 * _yardstick(q, k, v) + 1e-5
+    has_prefix = L > SEG + W
+    taus = [0.0, _unambiguous_tau(q, k, v, perms, knobs)] if has_prefix else [0.0, 0.5]
+    for tau in taus:
+        ref, rst = s2o_reference(q, k, v, tau=tau, perms=perms, **knobs)
+        out = torch.full_like(q, float("nan"))
+        out, st = s2o_triton(q, k, v, variant=variant, tau=tau, perms=perms, out=out, **knobs)
+        assert not out.isnan().any(), f"tau={tau}: {int(out.isnan().sum())} outputs unwritten"
+        err = _rel(out, ref)
+        assert err <= tol, f"tau={tau}: rel err {err:.3e} > tol {tol:.3e} ({dtype}, {variant})"
+        got, want = st.extra["pass2_tiles"], rst.extra["pass2_tiles"]
+        assert torch.equal(got, want), f"tau={tau}: pass2_tiles\n{got}\nvs reference\n{want}"
+        assert torch.equal(st.tiles_processed, rst.tiles_processed)
+        assert st.tiles_processed.dtype == torch.float64
+        assert torch.equal(st.extra["pass2_tiles_max"], rst.extra["pass2_tiles_max"])
+        assert st.extra["pass1_tiles"] == rst.extra["pass1_tiles"]
+        assert st.tiles_dense == rst.tiles_dense
+    if has_prefix:
+        assert st.sparsity > 0, f"tau={taus[1]} skipped nothing: the early-stop path is untested"
+
+
+def test_tau_zero_equals_dense_attention(gen):
+    """No early stop: the kernel is exact dense causal attention (checked against fp64)."""
+    q, k, v = _qkv(1, 4, 2, 100, 16, torch.float16, gen)
+    out, st = s2o_triton(
+        q, k, v, variant="two_pass", segment_len=SEG, tau=0.0, block_m=BLOCK, block_n=BLOCK,
+        local_window=0, q_perm=True,
+    )  # fmt: skip
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1),
+        is_causal=True,
+    )  # fmt: skip
+    err, tol = _rel(out, ref), 2 * _yardstick(q, k, v)
+    assert err <= tol, f"rel err vs dense {err:.3e} > {tol:.3e}"
+    assert st.sparsity == 0.0
