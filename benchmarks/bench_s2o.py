@@ -1,0 +1,303 @@
+"""GPU benchmark of the S2O Triton kernels against SDPA flash (FA2) and SDPA cuDNN.
+
+Shape: B=1, Hq=32, Hkv=8, D=128, bf16, causal, L = 8K..128K. For every L it times (median of
+``triton.testing.do_bench``) SDPA flash, SDPA cuDNN, Step 1 at S = 512/1024/2048/4096, and the S2O
+kernels at S=2048, block 128x128: no skip (``tau <= 0``), the early-stop kernel with ``tau <= 0``
+(stop logic on, nothing skipped) and with ``tau > 0`` at the density it reaches; ``--abcd`` adds
+the overhead decomposition of benchmarks/abcd.py. Writes ``results/kernels/bench_<gpu>.json``
+and ``.md`` (or under ``--out``).
+
+Input (density needs structure; Gaussian Q/K attends uniformly and never stops early):
+:func:`structured_qkv`, drawn on the GPU from one seeded generator:
+  * background: Gaussian q, k (logit std ~1);
+  * RoPE-like locality: q and k of a KV head share a content vector ``c`` rotated by position with
+    RoPE frequencies, so ``q_i . k_j`` has a term that peaks at ``i = j`` (diagonal band);
+  * attention sink: every query of a KV head carries a unit direction ``u`` (removed from the
+    Gaussian background of q and k), key 0 carries it too: ``+SINK`` logits in column 0 for
+    every row;
+  * heavy hitters: ``N_HEAVY`` random keys carry ``u`` at ``HEAVY`` logits (vertical stripes).
+Values are Gaussian.
+
+Run on the GPU machine: ``PYTHONPATH=. python3 benchmarks/bench_s2o.py --abcd --rev <git sha>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from s2o.kernels import (
+    pass1_tile_count,
+    s2o_fused,
+    s2o_pass1,
+    s2o_pass2,
+    s2o_step1,
+    set_launch_config,
+)
+from s2o.stats import dense_causal_tile_count
+
+SINK, HEAVY, N_HEAVY, LOCAL, BACKGROUND, Q_SINK = 12.0, 8.0, 16, 4.0, 1.0, 3.0
+SEED = 0
+
+
+def structured_qkv(B, Hq, Hkv, L, D, *, seed=SEED, dtype=torch.bfloat16, device="cuda"):
+    """Seeded synthetic post-RoPE Q/K/V with a sink, heavy hitters and a local band (see above)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    group = Hq // Hkv
+    rnd = lambda *s: torch.randn(*s, generator=g, device=device)
+    unit = lambda x: x / x.norm(dim=-1, keepdim=True)
+    root = D**0.25  # q.k / sqrt(D) = a * b when q carries a*root*u and k carries b*root*u
+    q = rnd(B, Hq, L, D) * BACKGROUND**0.5
+    k = rnd(B, Hkv, L, D) * BACKGROUND**0.5
+    theta = 10000.0 ** (-torch.arange(0, D, 2, device=device).float() / D)
+    ang = torch.arange(L, device=device).float()[:, None] * theta[None, :]
+    cos, sin = ang.cos(), ang.sin()
+
+    def rope(x):
+        x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+    c = unit(rnd(B, Hkv, 1, D)) * root * LOCAL**0.5
+    k = k + rope(c.expand(B, Hkv, L, D))
+    q = q + rope(c.repeat_interleave(group, 1).expand(B, Hq, L, D))
+    u = unit(rnd(B, Hkv, 1, D))  # the sink direction, removed from the Gaussian background
+    k = k - (k * u).sum(-1, keepdim=True) * u
+    uq = u.repeat_interleave(group, 1)
+    q = q - (q * uq).sum(-1, keepdim=True) * uq + Q_SINK * root * uq
+    k[:, :, 0] += SINK / Q_SINK * root * u[:, :, 0]
+    heavy = torch.randint(1, L, (N_HEAVY,), generator=g, device=device)
+    k[:, :, heavy] += HEAVY / Q_SINK * root * u
+    v = rnd(B, Hkv, L, D)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def bench(fn, length):
+    """Median ms; a longer budget at long L so the median is over several launches."""
+    rep = 200 if length <= 16384 else 1500
+    return do_bench(fn, warmup=50, rep=rep, return_mode="median")
+
+
+def causal_tflops(L, Hq, D, ms, density=1.0):
+    return 4.0 * L * L / 2 * D * Hq * density / (ms * 1e-3) / 1e12
+
+
+def sdpa_times(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    out = {}
+    for name, backend in (
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+    ):
+
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=True)
+
+        try:
+            out[name] = bench(run, q.shape[2])
+        except RuntimeError as e:  # a backend that refuses the shape is recorded, not hidden
+            out[name] = None
+            print(f"SDPA {name} failed: {e}", file=sys.stderr)
+    return out, kr, vr
+
+
+def s2o_times(q, k, v, perms, S, taus):
+    """Kernel timings (Pass-1 + Pass-2, fused) and densities at several tau."""
+    L, Hq, D = q.shape[2], q.shape[1], q.shape[3]
+    geo = dict(segment_len=S, local_window=0, block_m=128, block_n=128)
+    qp, kvp = perms
+    state = s2o_pass1(q, k, v, **geo)
+    rec = {"pass1_ms": bench(lambda: s2o_pass1(q, k, v, **geo), L)}
+    dense_tiles = dense_causal_tile_count(L, 128, 128)
+    p1_tiles = pass1_tile_count(L, S, 0, 128, 128)
+
+    def two_pass(tau, early_stop=None):
+        st = s2o_pass1(q, k, v, **geo)
+        return s2o_pass2(q, k, v, st, qp, kvp, tau=tau, early_stop=early_stop, **geo)
+
+    rec["noskip_ms"] = bench(lambda: two_pass(0.0), L)
+    rec["noskip_stoplogic_ms"] = bench(lambda: two_pass(0.0, early_stop=True), L)
+    rec["pass2_noskip_ms"] = bench(lambda: s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, **geo), L)
+    rec["fused_noskip_ms"] = bench(lambda: s2o_fused(q, k, v, kvp, tau=0.0, **geo), L)
+
+    def sparse_point(tau):
+        _, visited = two_pass(tau)
+        density = float((visited.double().sum(-1) + p1_tiles).mean()) / dense_tiles
+        _, vf = s2o_fused(q, k, v, kvp, tau=tau, **geo)
+        density_f = float((vf.double().sum(-1) + p1_tiles).mean()) / dense_tiles
+        return {
+            "tau": tau, "density": density, "kernel_ms": bench(lambda: two_pass(tau), L),
+            "fused_density": density_f,
+            "fused_ms": bench(lambda: s2o_fused(q, k, v, kvp, tau=tau, **geo), L),
+        }  # fmt: skip
+
+    rec["sparse"] = [sparse_point(tau) for tau in taus]
+    rec["noskip_tflops"] = causal_tflops(L, Hq, D, rec["noskip_ms"])
+    return rec
+
+
+def tune(q, k, v, perms, S):
+    """Pick num_warps/num_stages per kernel at this shape (printed and recorded)."""
+    geo = dict(segment_len=S, local_window=0, block_m=128, block_n=128)
+    qp, kvp = perms
+    state = s2o_pass1(q, k, v, **geo)
+    runs = {
+        "pass1": lambda: s2o_pass1(q, k, v, **geo),
+        "pass2": lambda: s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, **geo),
+        "fused": lambda: s2o_fused(q, k, v, kvp, tau=0.0, **geo),
+    }
+    chosen = {}
+    for name, fn in runs.items():
+        best = None
+        for cfg in ((8, 2), (8, 3), (4, 2)):
+            set_launch_config(name, *cfg)
+            try:
+                t = do_bench(fn, warmup=20, rep=100, return_mode="median")
+            except Exception as e:  # out of shared memory etc.
+                print(f"tune {name} {cfg}: {type(e).__name__}", file=sys.stderr)
+                continue
+            print(f"tune {name} warps={cfg[0]} stages={cfg[1]}: {t:.3f} ms")
+            if best is None or t < best[0]:
+                best = (t, cfg)
+        set_launch_config(name, *best[1])
+        chosen[name] = {"num_warps": best[1][0], "num_stages": best[1][1], "ms": best[0]}
+    return chosen
+
+
+def environment(rev):
+    if rev is None:
+        try:
+            rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                 check=True).stdout.strip()  # fmt: skip
+        except Exception:
+            rev = os.environ.get("S2O_GIT_REV", "unknown")
+    return {
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "triton": triton.__version__, "cuda": torch.version.cuda, "git_rev": rev,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }  # fmt: skip
+
+
+def markdown(record):
+    env = record["env"]
+    lines = [
+        f"# S2O kernels vs SDPA on {env['gpu']}",
+        "",
+        f"torch {env['torch']}, Triton {env['triton']}, git {env['git_rev']}, {env['date']}. "
+        f"B=1, Hq=32, Hkv=8, D=128, bf16, causal, S=2048, block 128x128, "
+        f"input: structured synthetic (seed {SEED}). Median of do_bench, ms.",
+        "",
+        "| L | flash | cuDNN | Step1 S=2048 | kernel tau<=0 | total tau<=0 | total/flash "
+        "| tau | density | kernel | kernel/(d x no-skip-D) | total | speedup vs flash | vs cuDNN |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["lengths"]:
+        st1 = r["step1_ms"]["2048"]
+        tot0 = st1 + r["s2o"]["noskip_ms"]
+        for sp in r["s2o"]["sparse"]:
+            tot = st1 + sp["kernel_ms"]
+            ratio = sp["kernel_ms"] / (sp["density"] * r["s2o"]["noskip_stoplogic_ms"])
+            lines.append(
+                f"| {r['L']} | {r['flash_ms']:.2f} | {r['cudnn_ms'] or float('nan'):.2f} | "
+                f"{st1:.2f} | {r['s2o']['noskip_ms']:.2f} | {tot0:.2f} | "
+                f"{tot0 / r['flash_ms']:.3f} | {sp['tau']} | {sp['density']:.3f} | "
+                f"{sp['kernel_ms']:.2f} | {ratio:.2f} | "
+                f"{tot:.2f} | {r['flash_ms'] / tot:.2f} | "
+                f"{(r['cudnn_ms'] or float('nan')) / tot:.2f} |"
+            )
+    lines += ["", "Step 1 (ms) by segment length S:", "",
+              "| L | S=512 | S=1024 | S=2048 | S=4096 |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in record["lengths"]:
+        s = r["step1_ms"]
+        lines.append(
+            f"| {r['L']} | "
+            + " | ".join(f"{s[str(x)]:.3f}" for x in (512, 1024, 2048, 4096))
+            + " |"
+        )
+    lines += ["", "No-skip variants (ms): two-pass, with stop logic on (tau=0), fused, passes:", "",
+              "| L | two-pass | two-pass + stop logic | fused | pass1 | pass2 | TFLOP/s two-pass |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in record["lengths"]:
+        s = r["s2o"]
+        lines.append(
+            f"| {r['L']} | {s['noskip_ms']:.2f} | {s['noskip_stoplogic_ms']:.2f} | "
+            f"{s['fused_noskip_ms']:.2f} | {s['pass1_ms']:.2f} | {s['pass2_noskip_ms']:.2f} | "
+            f"{s['noskip_tflops']:.0f} |"
+        )
+    if record.get("abcd"):
+        from benchmarks.abcd import abcd_markdown
+
+        lines += ["", *abcd_markdown(record["abcd"])]
+    return "\n".join(lines) + "\n"
+
+
+def run_length(B, Hq, Hkv, D, S, L, taus, abcd):
+    """Every timing for one sequence length."""
+    torch.cuda.empty_cache()
+    q, k, v = structured_qkv(B, Hq, Hkv, L, D)
+    flash_cudnn, kr, vr = sdpa_times(q, k, v)
+    del kr, vr
+    step1 = {str(s): bench(lambda s=s: s2o_step1(q, k, segment_len=s), L)
+             for s in (512, 1024, 2048, 4096)}  # fmt: skip
+    perms = s2o_step1(q, k, segment_len=S)
+    rec = {"L": L, "flash_ms": flash_cudnn["flash"], "cudnn_ms": flash_cudnn["cudnn"],
+           "step1_ms": step1, "s2o": s2o_times(q, k, v, perms, S, taus)}  # fmt: skip
+    del perms
+    if abcd:
+        from benchmarks.abcd import abcd_times
+
+        rec["abcd"] = abcd_times(q, k, v, segment_len=1024, bench=lambda f: bench(f, L))
+    print(json.dumps({"L": L, "flash": rec["flash_ms"], "cudnn": rec["cudnn_ms"], "step1": step1,
+                      "s2o": rec["s2o"], "abcd": rec.get("abcd")}), flush=True)  # fmt: skip
+    return rec
+
+
+def save(record, out_dir):
+    """Write ``bench_<gpu>.json`` and ``.md``; returns the markdown."""
+    if any("abcd" in r for r in record["lengths"]):
+        record["abcd"] = [{"L": r["L"], **r["abcd"]} for r in record["lengths"] if "abcd" in r]
+    os.makedirs(out_dir, exist_ok=True)
+    tag = torch.cuda.get_device_name().replace(" ", "_")
+    with open(os.path.join(out_dir, f"bench_{tag}.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    md = markdown(record)
+    with open(os.path.join(out_dir, f"bench_{tag}.md"), "w") as f:
+        f.write(md)
+    return md
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", default="8192,16384,32768,65536,131072")
+    ap.add_argument("--taus", default="0.002,0.005,0.02")
+    ap.add_argument("--abcd", action="store_true")
+    ap.add_argument("--rev", default=None)
+    ap.add_argument("--out", default="results/kernels")
+    args = ap.parse_args(argv)
+    B, Hq, Hkv, D, S = 1, 32, 8, 128, 2048
+    taus = [float(t) for t in args.taus.split(",")]
+    record = {"env": environment(args.rev), "shape": dict(B=B, Hq=Hq, Hkv=Hkv, D=D, dtype="bf16",
+              causal=True, segment_len=S, block_m=128, block_n=128, local_window=0),
+              "generator": dict(seed=SEED, sink=SINK, heavy=HEAVY, n_heavy=N_HEAVY, local=LOCAL,
+                                background=BACKGROUND, q_sink=Q_SINK), "lengths": []}  # fmt: skip
+    lengths = [int(x) for x in args.lengths.split(",")]
+    q, k, v = structured_qkv(B, Hq, Hkv, 16384, D)
+    record["launch"] = tune(q, k, v, s2o_step1(q, k, segment_len=S), S)
+    for L in lengths:
+        record["lengths"].append(run_length(B, Hq, Hkv, D, S, L, taus, args.abcd))
+        md = save(record, args.out)  # after every length, so a cut-off run keeps what it measured
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
