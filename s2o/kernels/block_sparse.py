@@ -1,0 +1,405 @@
+"""Shared Triton kernels of the block-sparse baselines (FlexPrefill, XAttention, PBS).
+
+* :func:`block_sparse_attention`: causal block-sparse FlashAttention forward. Query block ``r``
+  (``block_size`` rows) visits the key blocks listed in ``kv_idx[b, h, r, :kv_count[b, h, r]]``
+  (ascending), then a contiguous causal *band* that ends at the diagonal block:
+
+  - plain variant (``key_perm=None``, FlexPrefill / XAttention): the band is the diagonal block when
+    the list ends with ``r`` (it is then taken out of the list loop), else empty;
+  - permuted variant (``key_perm`` given, PBS): list entries are blocks of the *permuted* key order,
+    key ``j`` of permuted block ``c`` is token ``key_perm[b, h, c*block_size + j]`` (gathered by
+    index, no permuted copy of K/V), and the band is the query's own segment
+    ``[segment_start, r]`` in original order. Attention is a sum over keys, so the order inside the
+    own segment does not change the result; original order makes the causal mask the usual one.
+
+  Only the diagonal tile is masked. GQA is native: query head ``h`` reads key/value head
+  ``h // (Hq // Hkv)``. Addresses are int64. fp32 accumulation, exp2 online softmax.
+* :func:`xattn_block_scores`: XAttention's antidiagonal block scores in one fused pass (strided
+  GEMM + online softmax + per-block partial sums), then a finalize kernel that rescales the
+  partial sums with each row's final softmax statistics and sums the rows of each query block.
+* :func:`mask_to_lists`: ``[B, H, NQ, NK]`` bool mask -> ascending per-row index lists, on device.
+
+Never imports ``s2o.reference``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def mask_to_lists(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row ascending lists of the ``True`` columns of a block mask, without host syncs.
+
+    Args:
+        mask: ``[B, H, NQ, NK]`` bool.
+    Returns:
+        ``(kv_idx [B, H, NQ, NK] int32, kv_count [B, H, NQ] int32)``; entries of ``kv_idx`` past
+        ``kv_count`` are unspecified.
+    """
+    nk = mask.shape[-1]
+    count = mask.sum(-1, dtype=torch.int32)
+    pos = torch.cumsum(mask, dim=-1, dtype=torch.int32) - 1
+    pos = torch.where(mask, pos, nk).long()  # unselected columns go to a dump slot
+    cols = torch.arange(nk, device=mask.device, dtype=torch.int32).expand(mask.shape)
+    idx = torch.empty((*mask.shape[:-1], nk + 1), device=mask.device, dtype=torch.int32)
+    idx.scatter_(-1, pos, cols)
+    return idx[..., :nk], count
+
+
+# --------------------------------------------------------------------------------------------
+# Block-sparse attention
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bsa_tile(
+    q, k_ptrs, v_ptrs, m_i, l_i, acc, qk_scale, offs_m, kpos, seq_len, DIAG: tl.constexpr
+):
+    """One key tile of the online softmax; ``DIAG`` adds the causal and length masks."""
+    if DIAG:
+        kmask = kpos < seq_len
+        k = tl.load(k_ptrs, mask=kmask[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=kmask[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    qk = tl.dot(q, k) * qk_scale
+    if DIAG:
+        qk = tl.where(offs_m[:, None] >= kpos[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _bsa_fwd_kernel(
+    Q, K, V, O, KV_IDX, KV_CNT, PERM,
+    qk_scale, seq_len, num_q_blocks, heads_q, group,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    sob, soh, som, sod,
+    sib, sih, sim, sik,
+    scb, sch, scm,
+    spb, sph, spn,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEG_BLOCKS: tl.constexpr,
+    PERMUTED: tl.constexpr,
+):  # fmt: skip
+    qb = num_q_blocks - 1 - tl.program_id(0)  # longest rows first
+    bh = tl.program_id(1)
+    b = (bh // heads_q).to(tl.int64)
+    h = (bh % heads_q).to(tl.int64)
+    hk = h // group
+    offs_m = qb * BLOCK + tl.arange(0, BLOCK)
+    offs_n = tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = Q + b * sqb + h * sqh + offs_m.to(tl.int64)[:, None] * sqm + offs_d[None, :] * sqd
+    q = tl.load(q_ptrs, mask=offs_m[:, None] < seq_len, other=0.0)
+    k_base = K + b * skb + hk * skh + offs_d[:, None] * skd
+    v_base = V + b * svb + hk * svh + offs_d[None, :] * svd
+
+    m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
+
+    idx_base = KV_IDX + b * sib + h * sih + qb.to(tl.int64) * sim
+    count = tl.load(KV_CNT + b * scb + h * sch + qb.to(tl.int64) * scm)
+    if PERMUTED:
+        band_lo = (qb // SEG_BLOCKS) * SEG_BLOCKS
+        n_list = count
+    else:
+        last = tl.load(idx_base + tl.maximum(count - 1, 0) * sik)
+        has_diag = (count > 0) & (last == qb)
+        band_lo = tl.where(has_diag, qb, qb + 1)
+        n_list = count - has_diag.to(tl.int32)
+
+    for i in range(0, n_list):
+        c = tl.load(idx_base + i * sik).to(tl.int64)
+        if PERMUTED:
+            kpos = tl.load(PERM + b * spb + h * sph + (c * BLOCK + offs_n) * spn).to(tl.int64)
+        else:
+            kpos = c * BLOCK + offs_n
+        m_i, l_i, acc = _bsa_tile(
+            q, k_base + kpos[None, :] * skn, v_base + kpos[:, None] * svn,
+            m_i, l_i, acc, qk_scale, offs_m, kpos, seq_len, False,
+        )  # fmt: skip
+    for c in range(band_lo, qb):
+        kpos = (c * BLOCK + offs_n).to(tl.int64)
+        m_i, l_i, acc = _bsa_tile(
+            q, k_base + kpos[None, :] * skn, v_base + kpos[:, None] * svn,
+            m_i, l_i, acc, qk_scale, offs_m, kpos, seq_len, False,
+        )  # fmt: skip
+    if band_lo <= qb:
+        kpos = (qb * BLOCK + offs_n).to(tl.int64)
+        m_i, l_i, acc = _bsa_tile(
+            q, k_base + kpos[None, :] * skn, v_base + kpos[:, None] * svn,
+            m_i, l_i, acc, qk_scale, offs_m, kpos, seq_len, True,
+        )  # fmt: skip
+
+    # a row that saw no key (empty list, diagonal not selected) outputs 0
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    o_ptrs = O + b * sob + h * soh + offs_m.to(tl.int64)[:, None] * som + offs_d[None, :] * sod
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_m[:, None] < seq_len)
+
+
+def _launch_config(block: int, head_dim: int) -> tuple[int, int]:
+    if block >= 128 and head_dim >= 128:
+        return 8, 3
+    if block >= 64:
+        return 4, 3
+    return 4, 2
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_idx: torch.Tensor,
+    kv_count: torch.Tensor,
+    *,
+    block_size: int,
+    scale: float | None = None,
+    key_perm: torch.Tensor | None = None,
+    segment_size: int | None = None,
+    out: torch.Tensor | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Causal block-sparse attention with square ``block_size`` tiles.
+
+    Args:
+        q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]``; fp16/bf16 (fp32 under the interpreter);
+            ``D`` a power of two >= 16.
+        kv_idx: ``[B, Hq, NQ, W]`` int32, ascending key-block ids per query block,
+            ``NQ = ceil(L / block_size)``. Plain variant: ids ``<= r`` (the diagonal ``r``, if
+            present, last). Permuted variant: ids of permuted blocks before the own segment.
+        kv_count: ``[B, Hq, NQ]`` int32, number of valid entries of each list.
+        block_size: power of two >= 16.
+        scale: softmax scale, default ``1/sqrt(D)``.
+        key_perm: ``[B, Hq, L]`` int, permuted position -> original token (PBS); ``None`` for the
+            plain variant.
+        segment_size: PBS segment length (multiple of ``block_size``), with ``key_perm`` only.
+        out: optional preallocated output (tests NaN-fill it).
+    Returns:
+        ``[B, Hq, L, D]`` in q's dtype.
+    """
+    B, Hq, L, D = q.shape
+    Hkv = k.shape[1]
+    if not _is_pow2(block_size) or block_size < 16:
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    if not _is_pow2(D) or D < 16:
+        raise ValueError(f"the Triton kernel needs a power-of-two head dim >= 16, got D={D}")
+    nq = triton.cdiv(L, block_size)
+    if kv_idx.shape[:3] != (B, Hq, nq) or kv_count.shape != (B, Hq, nq):
+        raise ValueError(
+            f"kv_idx {tuple(kv_idx.shape)} / kv_count {tuple(kv_count.shape)} do not match "
+            f"(B, Hq, NQ) = {(B, Hq, nq)}"
+        )
+    permuted = key_perm is not None
+    if permuted:
+        if segment_size is None or segment_size % block_size:
+            raise ValueError(
+                f"segment_size={segment_size} must be a multiple of block_size={block_size}"
+            )
+        perm = key_perm
+    else:
+        perm = kv_count  # unused placeholder pointer
+    if out is None:
+        out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    warps, stages = _launch_config(block_size, D)
+    perm_strides = (perm.stride(0), perm.stride(1), perm.stride(2)) if permuted else (0, 0, 0)
+    _bsa_fwd_kernel[(nq, B * Hq)](
+        q, k, v, out, kv_idx, kv_count, perm,
+        scale * LOG2E, L, nq, Hq, Hq // Hkv,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *kv_idx.stride(), *kv_count.stride(), *perm_strides,
+        HEAD_DIM=D,
+        BLOCK=block_size,
+        SEG_BLOCKS=(segment_size // block_size) if permuted else 1,
+        PERMUTED=permuted,
+        num_warps=num_warps or warps,
+        num_stages=num_stages or stages,
+    )  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# XAttention antidiagonal block scores
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _xattn_partial_kernel(
+    Q, K, P, MU, ML,
+    c_log2, seq_len, n_rows, heads_q, group,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    spb, sph, spr, spc,
+    sub, suh, sur, sut,
+    slb, slh, slr, sls,
+    STRIDE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RB: tl.constexpr,
+):  # fmt: skip
+    """Reduced row ``i`` / column ``j``: ``R[i, j] = sum_u q[S*i + u] . k[S*j + S-1-u]``.
+
+    Writes, per row and key tile, the partial per-block sums of ``exp2(x - m_tile)`` (P) and the
+    running max they refer to (MU); at the end the row's final max and sum (ML).
+    """
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // heads_q).to(tl.int64)
+    h = (bh % heads_q).to(tl.int64)
+    hk = h // group
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_base = Q + b * sqb + h * sqh + offs_d[None, :] * sqd
+    k_base = K + b * skb + hk * skh + offs_d[:, None] * skd
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    hi = tl.minimum((pid_m + 1) * BLOCK_M, n_rows)
+    for j0 in range(0, hi, BLOCK_N):
+        cols = j0 + tl.arange(0, BLOCK_N)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for u in range(STRIDE):
+            qtok = rows.to(tl.int64) * STRIDE + u
+            ktok = cols.to(tl.int64) * STRIDE + (STRIDE - 1 - u)
+            qt = tl.load(q_base + qtok[:, None] * sqm, mask=qtok[:, None] < seq_len, other=0.0)
+            kt = tl.load(k_base + ktok[None, :] * skn, mask=ktok[None, :] < seq_len, other=0.0)
+            acc += tl.dot(qt, kt)
+        x = tl.where(cols[None, :] <= rows[:, None], acc * c_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(x, 1))
+        p = tl.math.exp2(x - m_new[:, None])
+        l_i = l_i * tl.math.exp2(m_i - m_new) + tl.sum(p, 1)
+        m_i = m_new
+        part = tl.sum(tl.reshape(p, [BLOCK_M, BLOCK_N // RB, RB]), 2)
+        pcols = j0 // RB + tl.arange(0, BLOCK_N // RB)
+        rmask = rows[:, None] < n_rows
+        p_ptrs = P + b * spb + h * sph + rows.to(tl.int64)[:, None] * spr + pcols[None, :] * spc
+        tl.store(p_ptrs, part, mask=rmask)
+        mu_ptrs = MU + b * sub + h * suh + rows.to(tl.int64) * sur + (j0 // BLOCK_N) * sut
+        tl.store(mu_ptrs, m_new, mask=rows < n_rows)
+    ml = ML + b * slb + h * slh + rows.to(tl.int64) * slr
+    tl.store(ml, m_i, mask=rows < n_rows)
+    tl.store(ml + sls, l_i, mask=rows < n_rows)
+
+
+@triton.jit
+def _xattn_finalize_kernel(
+    P, MU, ML, OUT,
+    n_rows, n_valid_rows, heads_q,
+    spb, sph, spr, spc,
+    sub, suh, sur, sut,
+    slb, slh, slr, sls,
+    sob, soh, sor, soc,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RB: tl.constexpr,
+):  # fmt: skip
+    """``OUT[qb, kb] = sum_{rows i of qb} P[i, kb] * exp2(MU[i, tile(kb)] - m_i) / l_i``."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // heads_q).to(tl.int64)
+    h = (bh % heads_q).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rvalid = rows < n_rows
+    ml = ML + b * slb + h * slh + rows.to(tl.int64) * slr
+    m_i = tl.load(ml, mask=rvalid, other=0.0)
+    l_i = tl.load(ml + sls, mask=rvalid, other=1.0)
+    inv_l = tl.where(rows < n_valid_rows, 1.0 / l_i, 0.0)  # padded query rows contribute 0
+    qblocks = pid_m * (BLOCK_M // RB) + tl.arange(0, BLOCK_M // RB)
+    hi = tl.minimum((pid_m + 1) * BLOCK_M, n_rows)
+    for j0 in range(0, hi, BLOCK_N):
+        pcols = j0 // RB + tl.arange(0, BLOCK_N // RB)
+        p_ptrs = P + b * spb + h * sph + rows.to(tl.int64)[:, None] * spr + pcols[None, :] * spc
+        part = tl.load(p_ptrs, mask=rvalid[:, None], other=0.0)
+        mu_ptrs = MU + b * sub + h * suh + rows.to(tl.int64) * sur + (j0 // BLOCK_N) * sut
+        mu = tl.load(mu_ptrs, mask=rvalid, other=0.0)
+        w = tl.math.exp2(mu - m_i) * inv_l
+        blk = tl.sum(tl.reshape(part * w[:, None], [BLOCK_M // RB, RB, BLOCK_N // RB]), 1)
+        o_ptrs = OUT + b * sob + h * soh + qblocks.to(tl.int64)[:, None] * sor
+        o_ptrs += pcols[None, :] * soc
+        tl.store(o_ptrs, blk, mask=(qblocks[:, None] * RB) < n_rows)
+
+
+def xattn_block_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    block_size: int,
+    stride: int,
+    scale: float,
+    norm: float = 1.0,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """XAttention block scores: per query block, the summed antidiagonal softmax mass per key block.
+
+    With ``S = stride``, reduced query ``i`` and key ``j`` (``S`` tokens each, zero padding past
+    ``L``) score ``R[i, j] = sum_u q[S*i+u] . k[S*j+S-1-u]`` (the antidiagonal of the ``S x S``
+    sub-block), scaled by ``scale / (S * norm)``; each reduced row takes a causal softmax
+    (``j <= i``); rows past ``ceil(L/S)`` are zero; ``out[qb, kb]`` sums the probabilities of the
+    ``block_size/S`` rows of query block ``qb`` over the columns of key block ``kb``.
+
+    Args:
+        q: ``[B, Hq, L, D]``; k: ``[B, Hkv, L, D]``.
+        block_size, stride: powers of two, ``stride <= block_size``.
+    Returns:
+        ``[B, Hq, NB, NB]`` fp32, ``NB = ceil(L / block_size)``, zero above the diagonal.
+    """
+    B, Hq, L, D = q.shape
+    if not (_is_pow2(block_size) and _is_pow2(stride) and stride <= block_size):
+        raise ValueError(
+            f"the Triton estimator needs powers of two with stride <= block_size, "
+            f"got block_size={block_size}, stride={stride}"
+        )
+    if not _is_pow2(D) or D < 16:
+        raise ValueError(f"the Triton estimator needs a power-of-two head dim >= 16, got D={D}")
+    rb = block_size // stride
+    nb = triton.cdiv(L, block_size)
+    n_rows = nb * rb
+    bm = block_m or max(64 if q.is_cuda else 16, rb)
+    bn = block_n or max(64 if q.is_cuda else 16, rb)
+    n_tiles = triton.cdiv(n_rows, bn)
+    dev = q.device
+    part = torch.empty(B, Hq, n_rows, triton.cdiv(n_rows, bn) * (bn // rb), device=dev)
+    mu = torch.empty(B, Hq, n_rows, n_tiles, device=dev)
+    ml = torch.empty(B, Hq, n_rows, 2, device=dev)
+    grid = (triton.cdiv(n_rows, bm), B * Hq)
+    warps = 8 if (bm >= 128 and bn >= 128) else 4
+    _xattn_partial_kernel[grid](
+        q, k, part, mu, ml,
+        LOG2E * scale / (stride * norm), L, n_rows, Hq, Hq // k.shape[1],
+        *q.stride(), *k.stride(), *part.stride(), *mu.stride(), *ml.stride(),
+        STRIDE=stride, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, RB=rb,
+        num_warps=warps, num_stages=3 if q.is_cuda else 1,
+    )  # fmt: skip
+    # finalize writes whole output column tiles; pad the output so they stay in bounds
+    out_pad = torch.zeros(B, Hq, nb, triton.cdiv(n_rows, bn) * (bn // rb), device=dev)
+    _xattn_finalize_kernel[grid](
+        part, mu, ml, out_pad,
+        n_rows, triton.cdiv(L, stride), Hq,
+        *part.stride(), *mu.stride(), *ml.stride(), *out_pad.stride(),
+        BLOCK_M=bm, BLOCK_N=bn, RB=rb,
+        num_warps=4,
+    )  # fmt: skip
+    return out_pad[..., :nb]
