@@ -1,0 +1,157 @@
+"""The shared block-sparse kernels under TRITON_INTERPRET=1 (tiny shapes, fp16/fp32).
+
+The oracle is float64 attention with an explicitly built token mask (no code shared with the
+kernel or with ``s2o.methods``). Tolerance: twice the error of the oracle itself when its
+probabilities are rounded to the input dtype before ``P V`` (what the kernel does), plus 1e-6.
+"""
+
+import math
+
+import pytest
+import torch
+
+from s2o.kernels.block_sparse import (
+    block_sparse_attention,
+    mask_to_lists,
+    xattn_block_scores,
+)
+from s2o.methods.xattn import antidiagonal_block_scores
+
+pytestmark = pytest.mark.interpreter
+
+
+def _token_mask(L, bs, mask, perm=None, seg=None):
+    """``[B, H, L, L]`` bool: (query i, key token j) visible, built with plain loops."""
+    B, H, nb, _ = mask.shape
+    out = torch.zeros(B, H, L, L, dtype=torch.bool)
+    for b in range(B):
+        for h in range(H):
+            pos = list(range(L)) if perm is None else [0] * L
+            if perm is not None:
+                for p, t in enumerate(perm[b, h].tolist()):
+                    pos[t] = p
+            for i in range(L):
+                r = i // bs
+                for j in range(i + 1):
+                    own = seg is not None and j >= (i // seg) * seg
+                    out[b, h, i, j] = own or bool(mask[b, h, r, pos[j] // bs])
+    return out
+
+
+def _oracle(q, k, v, tmask, round_to=None):
+    G = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double(), k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    s = (qd @ kd.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~tmask, -math.inf)
+    m = s.amax(-1, keepdim=True).clamp(min=-1e30)
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)
+    if round_to is not None:
+        p = p.to(round_to).double()
+    out = (p @ vd) / l
+    return out.nan_to_num(0.0)
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _check(out, q, k, v, tmask):
+    exact = _oracle(q, k, v, tmask)
+    yard = _rel(_oracle(q, k, v, tmask, round_to=q.dtype).to(q.dtype), exact)
+    err = _rel(out, exact)
+    assert not out.isnan().any(), "unwritten output (NaN)"
+    assert err <= 2 * yard + 1e-6, f"kernel rel err {err:.3e} > 2 x yardstick {yard:.3e}"
+
+
+def _random_mask(B, H, nb, density, gen, diag=True):
+    m = (torch.rand(B, H, nb, nb, generator=gen) < density) & torch.ones(
+        nb, nb, dtype=torch.bool
+    ).tril()
+    if diag:
+        m |= torch.eye(nb, dtype=torch.bool)
+    return m
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_block_sparse_kernel_matches_masked_dense(dtype, gen):
+    B, Hq, Hkv, L, D, bs = 2, 4, 2, 77, 32, 16
+    q, k, v = (torch.randn(B, h, L, D, generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
+    nb = math.ceil(L / bs)
+    mask = _random_mask(B, Hq, nb, 0.4, gen)
+    mask[0, 1, 3, 3] = False  # a query block without its diagonal (rows see earlier blocks only)
+    mask[1, 0, 2] = False  # a query block with nothing selected: output 0
+    idx, cnt = mask_to_lists(mask)
+    out = torch.full_like(q, float("nan"))
+    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=out)
+    _check(out, q, k, v, _token_mask(L, bs, mask))
+    assert bool((out[1, 0, 2 * bs : 3 * bs] == 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_permuted_kernel_matches_masked_dense(dtype, gen):
+    B, Hq, Hkv, L, D, bs, seg = 1, 4, 1, 77, 16, 16, 32
+    q, k, v = (torch.randn(B, h, L, D, generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
+    nb = math.ceil(L / bs)
+    perm = torch.arange(L).repeat(B, Hq, 1)
+    for n in range(L // seg):  # shuffle inside complete segments, tail in place
+        for h in range(Hq):
+            perm[0, h, n * seg : (n + 1) * seg] = n * seg + torch.randperm(seg, generator=gen)
+    r = torch.arange(nb)
+    before_own = r[None, :] < (r[:, None] // (seg // bs)) * (seg // bs)
+    mask = _random_mask(B, Hq, nb, 0.5, gen, diag=False) & before_own
+    idx, cnt = mask_to_lists(mask)
+    out = torch.full_like(q, float("nan"))
+    block_sparse_attention(
+        q, k, v, idx, cnt, block_size=bs, key_perm=perm.int(), segment_size=seg, out=out
+    )
+    _check(out, q, k, v, _token_mask(L, bs, mask, perm, seg))
+
+
+def test_mask_to_lists_roundtrip(gen):
+    mask = torch.rand(2, 3, 5, 7, generator=gen) < 0.5
+    idx, cnt = mask_to_lists(mask)
+    for b, h, r in torch.cartesian_prod(torch.arange(2), torch.arange(3), torch.arange(5)).tolist():
+        assert idx[b, h, r, : cnt[b, h, r]].tolist() == mask[b, h, r].nonzero().flatten().tolist()
+
+
+@pytest.mark.parametrize("L,bs,stride", [(77, 16, 4), (64, 32, 8)])
+def test_xattn_scores_kernel_matches_reference(L, bs, stride, gen):
+    q = torch.randn(1, 4, L, 16, generator=gen)
+    k = torch.randn(1, 2, L, 16, generator=gen)
+    k[:, :, 3] += 2 * q.mean((1, 2))[:, None]
+    ref = antidiagonal_block_scores(q, k, block_size=bs, stride=stride, scale=0.25, norm=1.0)
+    out = xattn_block_scores(q, k, block_size=bs, stride=stride, scale=0.25, norm=1.0)
+    err = float((out - ref).abs().max())
+    assert err < 1e-5, f"block scores differ by {err}"
+    rows = ref.sum(-1)
+    assert torch.allclose(rows[..., : L // bs], torch.full_like(rows[..., : L // bs], bs / stride))
+
+
+@pytest.mark.parametrize(
+    "method,knobs",
+    [
+        ("flexprefill", dict(min_budget=None, block_size=128, gamma=0.3)),
+        ("xattn", dict(block_size=16, stride=4, threshold=0.8)),
+        ("pbs", dict(block_size=16, segment_size=32, threshold=0.8)),
+    ],
+)
+def test_methods_triton_path_matches_reference_path(method, knobs, gen):
+    """Same plan (estimated on the reference path), both attention paths, fp32."""
+    import s2o
+
+    m = s2o.METHODS[method]
+    L = 700 if method == "flexprefill" else 300
+    q = torch.randn(1, 4, L, 16, generator=gen)
+    k, v = torch.randn(1, 2, L, 16, generator=gen), torch.randn(1, 2, L, 16, generator=gen)
+    full = {**m.defaults, **knobs}
+    plan = m.estimate(q, k, v, **{**full, "impl": "reference"})
+    out_ref, st_ref = m.attend(q, k, v, plan, **{**full, "impl": "reference"})
+    out_tri, st_tri = m.attend(q, k, v, plan, **{**full, "impl": "triton"})
+    assert 0 < st_ref.sparsity < 1, st_ref.sparsity
+    assert torch.equal(st_ref.tiles_processed, st_tri.tiles_processed)
+    err = _rel(out_tri, out_ref)
+    assert err < 1e-5, f"{method}: triton vs reference rel err {err:.3e}"
+    if method == "xattn":  # the fused Triton estimator selects the same blocks
+        plan_tri = m.estimate(q, k, v, **{**full, "impl": "triton"})
+        assert torch.equal(plan_tri.mask, plan.mask)
