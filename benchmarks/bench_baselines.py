@@ -138,29 +138,37 @@ def bench_methods(L, shape, bench, impl, device):
         except RuntimeError as e:  # cuDNN SDPA not available for this build/shape
             print(f"cudnn SDPA skipped: {e}", flush=True)
     for name in METHODS:
-        m = s2o.METHODS[name]
-        knobs = {**m.defaults, "impl": impl}
-        t_est = bench(lambda m=m, knobs=knobs: m.estimate(q, k, v, **knobs))
-        plan = m.estimate(q, k, v, **knobs)
-        t_att = bench(lambda m=m, knobs=knobs, plan=plan: m.attend(q, k, v, plan, **knobs))
-        out, stats = m.attend(q, k, v, plan, **knobs)
-        mse = float(((out.float() - ref.float()) ** 2).mean())
-        row = {
-            "method": name,
-            "L": L,
-            "time_estimate_ms": t_est,
-            "time_attention_ms": t_att,
-            "density": stats.density,
-            "mse": mse,
-        }
-        if name == "flexprefill" and "query_aware" in plan.extra:
-            row["query_aware_heads"] = int(plan.extra["query_aware"].sum())
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del plan, out
+        try:
+            rows.append(bench_method(name, q, k, v, ref, L, bench, impl, device))
+        except Exception as e:  # record the failure, keep measuring the others
+            rows.append({"method": name, "L": L, "error": repr(e)})
+            print(json.dumps(rows[-1]), flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def bench_method(name, q, k, v, ref, L, bench, impl, device):
+    """One method at its defaults: estimate / attend times, density, MSE vs ``ref``."""
+    m = s2o.METHODS[name]
+    knobs = {**m.defaults, "impl": impl}
+    t_est = bench(lambda m=m, knobs=knobs: m.estimate(q, k, v, **knobs))
+    plan = m.estimate(q, k, v, **knobs)
+    t_att = bench(lambda m=m, knobs=knobs, plan=plan: m.attend(q, k, v, plan, **knobs))
+    out, stats = m.attend(q, k, v, plan, **knobs)
+    mse = float(((out.float() - ref.float()) ** 2).mean())
+    row = {
+        "method": name,
+        "L": L,
+        "time_estimate_ms": t_est,
+        "time_attention_ms": t_att,
+        "density": stats.density,
+        "mse": mse,
+    }
+    if name == "flexprefill" and "query_aware" in plan.extra:
+        row["query_aware_heads"] = int(plan.extra["query_aware"].sum())
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def random_plan(B, H, nb, density, device, seed):
@@ -225,6 +233,9 @@ def markdown(record) -> str:
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in record["methods"]:
+        if "error" in r:
+            lines.append(f"| {r['L']} | {r['method']} | error: {r['error'][:80]} | | | | |")
+            continue
         tot = r["time_estimate_ms"] + r["time_attention_ms"]
         lines.append(
             f"| {r['L']} | {r['method']} | {r['time_estimate_ms']:.2f} | "
@@ -280,10 +291,18 @@ def main(argv=None):
         "kernel": [],
     }
     print(json.dumps(record["environment"]), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        (out / "bench_baselines.json").write_text(json.dumps(record, indent=1))
+        (out / "bench_baselines.md").write_text(markdown(record))
+
     t_flash_k = None
     for L in lengths:
         rows = bench_methods(L, shape, bench, impl, device)
         record["methods"] += rows
+        save()
         if L == klen:
             t_flash_k = rows[0]["time_attention_ms"]
     if t_flash_k is None:
@@ -292,10 +311,7 @@ def main(argv=None):
         t_flash_k = bench(lambda: full_attention(q, k, v, backend=backend))
         del q, k, v
     record["kernel"] = bench_kernel(klen, shape, bench, device, t_flash_k, densities, configs)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_baselines.json").write_text(json.dumps(record, indent=1))
-    (out / "bench_baselines.md").write_text(markdown(record))
+    save()
     print(markdown(record))
 
 
