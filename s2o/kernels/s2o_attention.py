@@ -115,41 +115,48 @@ def _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
 def _ranked_walk(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
-    EARLY_STOP: tl.constexpr, IEEE: tl.constexpr,
+    EARLY_STOP: tl.constexpr, IEEE: tl.constexpr, STOP_CHUNK: tl.constexpr = 4,
 ):  # fmt: skip
     """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits."""
     n_tiles = tl.cdiv(P, BLOCK_N)
     if EARLY_STOP:
+        # a while loop over chunks of STOP_CHUNK tiles with a (software-pipelined) for loop
+        # inside: Triton pipelines only for loops, and a for loop cannot break, so after a stop
+        # the rest of the chunk runs with its loads masked off and its updates discarded
         visited = n_tiles * 0
-        j = n_tiles * 0
-        go = n_tiles > 0
-        while go:
-            k, v, col_ok = _load_kv_tile(
-                K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, BLOCK_N, HEAD_D, GATHER
-            )
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-            else:
-                s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(col_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.math.exp2(s - m_new[:, None])
-            gain = tl.sum(p, 1)
-            alpha = tl.math.exp2(m_i - m_new)
-            l_old = l_i * alpha
-            gains = (gain >= tau * l_old) & row_ok
-            keep = tl.max(gains.to(tl.int32), 0) > 0
-            visited += 1
-            if keep:
+        j0 = n_tiles * 0
+        active = n_tiles > 0
+        while active:
+            for c in range(0, STOP_CHUNK):
+                j = j0 + c
+                live = active & (j < n_tiles)
+                k, v, col_ok = _load_kv_tile(
+                    K_head, V_head, KVP_row, stride_kl, stride_vl, j, P * live.to(tl.int32),
+                    BLOCK_N, HEAD_D, GATHER,
+                )  # fmt: skip
+                if IEEE:
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+                else:
+                    s = tl.dot(q, tl.trans(k)) * qk_scale
+                s = tl.where(col_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                p = tl.math.exp2(s - m_new[:, None])
+                gain = tl.sum(p, 1)
+                alpha = tl.math.exp2(m_i - m_new)
+                l_old = l_i * alpha
+                gains = (gain >= tau * l_old) & row_ok
+                take = live & (tl.max(gains.to(tl.int32), 0) > 0)
+                visited += live.to(tl.int32)
                 if IEEE:
                     pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
                 else:
                     pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                l_i = l_old + gain
-                m_i = m_new
-            j += 1
-            go = keep & (j < n_tiles)
+                acc = tl.where(take, acc * alpha[:, None] + pv, acc)
+                l_i = tl.where(take, l_old + gain, l_i)
+                m_i = tl.where(take, m_new, m_i)
+                active = take
+            j0 += STOP_CHUNK
+            active = active & (j0 < n_tiles)
     else:
         for j in range(0, n_tiles):
             k, v, col_ok = _load_kv_tile(
