@@ -1,0 +1,65 @@
+"""Paper Fig. 4a from records: MSE vs sparsity, one curve per method (log-scale MSE).
+
+    python analysis/plot_mse_vs_sparsity.py [--results results] [--name fig4a_mse_vs_sparsity]
+
+Reads the latest ok record of the named kind=matched experiment; every evaluated knob value is a
+point; the bisection results at the target sparsities are marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.records import describe, latest  # noqa: E402
+
+
+def plot(rec: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    for name, r in rec["metrics"]["methods"].items():
+        if r["status"] != "ok":
+            continue
+        pts = [p for p in r["curve"] if p["mse"] > 0]
+        line = ax.plot([p["sparsity"] for p in pts], [p["mse"] for p in pts], "o-", ms=3,
+                       label=f"{name} ({r['main_knob']})")[0]  # fmt: skip
+        hits = [p for p in r["at_sparsity"] if p["mse"] > 0]
+        ax.plot([p["sparsity"] for p in hits], [p["mse"] for p in hits], "s", mfc="none",
+                color=line.get_color(), ms=8)  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("sparsity (1 - processed / dense causal tiles)")
+    ax.set_ylabel("MSE vs Full (mean over heads, layers)")
+    cfg = rec["config"]
+    ax.set_title(f"MSE vs sparsity, L={cfg['data']['L']} ({cfg['data']['source']})", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results", type=Path, default=Path("results"))
+    ap.add_argument("--name", default="fig4a_mse_vs_sparsity")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    rec = latest(args.results, args.name)
+    if rec is None:
+        sys.exit(f"no ok record under {args.results}/experiments/{args.name}: run the experiment")
+    out = args.out or Path(args.results) / "figures" / f"{args.name}.png"
+    print(describe(rec))
+    print(plot(rec, out))
+
+
+if __name__ == "__main__":
+    main()

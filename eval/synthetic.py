@@ -1,0 +1,184 @@
+"""Seeded synthetic post-RoPE Q/K/V with the stripe structures of the paper's Section 2.1.
+
+Real long-context attention maps are a diffuse background crossed by three kinds of fine-grained
+lines (paper Section 2.1, Fig. 2a). The generator plants each of them, with its own strength knob,
+so the operator study can run anywhere without a model. All strengths are in *logit units*: the
+extra ``q . k / sqrt(D)`` a structure adds where it applies.
+
+* **Diffuse background** (``background``): i.i.d. Gaussian q and k whose logits have standard
+  deviation ``background``; keys also share a mean direction ``mu`` (``key_mean``), as keys of real
+  models do. Alone this gives a flat, dense-looking map.
+* **Vertical stripes** (``sink``, ``heavy``, ``n_heavy``): every query carries a direction ``g``;
+  key 0 (the attention sink) and ``n_heavy`` random heavy-hitter keys carry ``g`` too, so their
+  column gets ``+sink`` (key 0) or ``+heavy * u`` (``u ~ U[0.5, 1]``) in every row. The sink key has
+  no content part at all, so its logit is exactly ``sink`` (times the query scale below) in every
+  row, as the sink of a trained model dominates every row.
+* **Slash stripes** (``slash``, ``n_slash``): (1) locality through RoPE: q and k share a content
+  vector ``c`` before the rotation, so ``q_i . k_j`` contains
+  ``sum_p |c_p|^2 cos((i - j) theta_p)``, a function of the relative position that peaks at
+  ``i = j`` and decays; ``c`` uses only the RoPE pairs whose period is below ``LOCALITY_PERIOD``
+  tokens, so the band is narrow and adds no long-range bias;
+  (2) ``n_slash`` fixed offsets ``delta`` per head (drawn in ``[1, L/2]``): every token ``t`` has a
+  random unit content ``e_t`` added to its key, and query ``i`` carries ``e_{i - delta}``, so the
+  diagonal ``j = i - delta`` lights up (a "look back delta tokens" head). ``slash`` is the logit
+  added on every one of these diagonals.
+* **Horizontal stripes** (``horizontal``, ``frac_horizontal``): a random ``frac_horizontal`` of the
+  queries are scaled by ``1 + horizontal`` (their softmax is sharper: they attend sharply to the
+  stripes above) and moved ``horizontal`` logit units along ``mu`` (their whole row of scores is
+  high; S2O's ``Q_perm`` ranks exactly these queries first).
+
+The sink/heavy direction ``g`` and the key-mean direction ``mu`` live in two reserved RoPE pairs
+(the two lowest frequencies, no rotation applied to them) that the random contents avoid, so a
+strength is the logit it adds and not a random multiple of it (a strong key in a random direction
+would add cross-talk noise of the order of its own strength to every row).
+
+Per head, the heavy-hitter keys, horizontal queries and directions are drawn independently; query
+heads of one GQA group share the keys and values. V is standard Gaussian. Everything is drawn on the
+CPU from one ``torch.Generator`` seeded with ``seed``, so a spec gives the same tensors on every
+machine; the result is then cast and moved.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+LOCALITY_PERIOD = 64  # RoPE pairs with a shorter period carry the locality content (band width)
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Shapes, seed and structure strengths (logit units) of a synthetic Q/K/V set."""
+
+    L: int = 4096
+    batch: int = 1
+    heads_q: int = 8
+    heads_kv: int = 2
+    head_dim: int = 128
+    seed: int = 0
+    background: float = 0.5
+    key_mean: float = 0.5
+    sink: float = 12.0
+    heavy: float = 5.0
+    n_heavy: int = 16
+    slash: float = 4.0
+    n_slash: int = 1
+    horizontal: float = 1.0
+    frac_horizontal: float = 0.02
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        if self.heads_kv <= 0 or self.heads_q % self.heads_kv:
+            raise ValueError(
+                f"heads_q={self.heads_q} must be a multiple of heads_kv={self.heads_kv}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE rotates pairs)")
+        if self.L <= 0 or self.batch <= 0:
+            raise ValueError(f"L={self.L} and batch={self.batch} must be positive")
+        if not 0.0 <= self.frac_horizontal <= 1.0:
+            raise ValueError(f"frac_horizontal={self.frac_horizontal} must be in [0, 1]")
+
+
+def rope_angles(L: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``theta [D/2]`` and ``angle [L, D/2] = position * theta`` (Llama-style half-split RoPE)."""
+    theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    return theta, torch.arange(L, dtype=torch.float64)[:, None] * theta[None, :]
+
+
+def apply_rope(x: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [..., L, D]`` by ``angle [L, D/2]`` (pairs ``(d, d + D/2)``)."""
+    half = x.shape[-1] // 2
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def _reserved(D: int) -> tuple[int, int, int, int]:
+    """Dims of the two lowest-frequency RoPE pairs: ``g`` uses the first pair, ``mu`` the second."""
+    return D // 2 - 1, D - 1, D // 2 - 2, D - 2
+
+
+def _content(g: torch.Generator, *shape: int) -> torch.Tensor:
+    """Gaussian entries, zero in the reserved dims (a RoPE rotation keeps them zero)."""
+    x = torch.randn(*shape, generator=g, dtype=torch.float64)
+    x[..., list(_reserved(shape[-1]))] = 0.0
+    return x
+
+
+def _unit(g: torch.Generator, *shape: int) -> torch.Tensor:
+    x = _content(g, *shape)
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def _axis(D: int, dim: int) -> torch.Tensor:
+    x = torch.zeros(D, dtype=torch.float64)
+    x[dim] = 1.0
+    return x
+
+
+def _slashes(spec: SyntheticSpec, g: torch.Generator):
+    """RoPE content ``c [D]`` (``|c|^2 = slash sqrt(D)``), token contents ``e [L, D]``, offsets."""
+    D, L = spec.head_dim, spec.L
+    theta = rope_angles(1, D, spec.rope_base)[0].repeat(2)
+    c = _content(g, D) * (2 * math.pi / theta < LOCALITY_PERIOD)  # fast pairs only: a narrow band
+    c = c / c.norm() * math.sqrt(spec.slash * math.sqrt(D))
+    e = _unit(g, L, D) * math.sqrt(spec.slash * math.sqrt(D))
+    offsets = torch.randint(1, max(2, L // 2), (spec.n_slash,), generator=g)
+    return c, e, offsets
+
+
+def _kv_head(spec: SyntheticSpec, g: torch.Generator, angle):
+    """Pre-RoPE keys, post-RoPE additions and per-head structure for one KV head."""
+    L, D = spec.L, spec.head_dim
+    root = D**0.25
+    c, e, offsets = _slashes(spec, g)
+    vert, mu = _axis(D, _reserved(D)[0]), _axis(D, _reserved(D)[2])
+    k = _content(g, L, D) * math.sqrt(spec.background)
+    k = apply_rope(k + c, angle) + spec.key_mean * root * mu + e
+    heavy_pos = torch.randperm(L, generator=g)[: spec.n_heavy]
+    u = 0.5 + 0.5 * torch.rand(spec.n_heavy, generator=g, dtype=torch.float64)
+    k[heavy_pos] += (spec.heavy * u * root)[:, None] * vert
+    k[0] = spec.key_mean * root * mu + spec.sink * root * vert  # a pure sink: no content
+    return k, (c, e, offsets, mu, vert)
+
+
+def _q_head(spec: SyntheticSpec, g: torch.Generator, angle, shared) -> torch.Tensor:
+    L, D = spec.L, spec.head_dim
+    root = D**0.25
+    c, e, offsets, mu, vert = shared
+    q = _content(g, L, D) * math.sqrt(spec.background)
+    q = apply_rope(q + c, angle) + root * vert
+    for delta in offsets.tolist():
+        q[delta:] += e[: L - delta]
+    n_h = round(spec.frac_horizontal * L)
+    rows = torch.randperm(L, generator=g)[:n_h]
+    q[rows] = q[rows] * (1.0 + spec.horizontal) + spec.horizontal * root * mu
+    return q
+
+
+def synthetic_qkv(
+    spec: SyntheticSpec, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Post-RoPE Q ``[batch, heads_q, L, head_dim]``, K and V ``[batch, heads_kv, L, head_dim]``."""
+    g = torch.Generator().manual_seed(spec.seed)
+    _, angle = rope_angles(spec.L, spec.head_dim, spec.rope_base)
+    group = spec.heads_q // spec.heads_kv
+    shape_kv = (spec.batch, spec.heads_kv, spec.L, spec.head_dim)
+    q = torch.empty(spec.batch, spec.heads_q, spec.L, spec.head_dim, dtype=torch.float64)
+    k, v = torch.empty(shape_kv, dtype=torch.float64), torch.empty(shape_kv, dtype=torch.float64)
+    for b in range(spec.batch):
+        for h in range(spec.heads_kv):
+            k[b, h], shared = _kv_head(spec, g, angle)
+            v[b, h] = torch.randn(spec.L, spec.head_dim, generator=g, dtype=torch.float64)
+            for j in range(group):
+                q[b, h * group + j] = _q_head(spec, g, angle, shared)
+    return tuple(t.to(dtype=dtype, device=device) for t in (q, k, v))
+
+
+def spec_from_cfg(cfg: dict) -> SyntheticSpec:
+    """A :class:`SyntheticSpec` from the ``data`` config (other keys are ignored)."""
+    names = set(asdict(SyntheticSpec()))
+    return SyntheticSpec(**{k: v for k, v in cfg.items() if k in names})

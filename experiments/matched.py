@@ -1,0 +1,157 @@
+"""Matched sparsity (paper Fig. 4a and the 3.82x / 3.17x claims): every method on the same inputs.
+
+For each method, its ``main_knob`` (from the registry) is bisected inside ``matched.ranges[method]``
+until the sparsity reaches each ``matched.target_sparsity`` (within ``tol_sparsity``), and the MSE
+there is reported; the reverse search finds the density at each ``matched.target_mse``. Every
+evaluated knob value is kept as a curve point (knob, sparsity, density, MSE, MAE), which is what the
+Fig. 4a plot draws. Methods not registered in ``s2o.METHODS`` are reported as skipped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from eval.data import load_layers
+from s2o import METHODS
+
+from . import operator
+from .common import JobContext, WandbLogger
+
+
+class Curve:
+    """Evaluations of one method at knob values, memoised."""
+
+    def __init__(self, method: str, knobs: dict, layers, refs: dict, progress: bool):
+        self.method, self.knobs, self.layers, self.refs = method, knobs, layers, refs
+        self.points: dict[float, dict] = {}
+        self.progress = progress
+
+    def __call__(self, x: float) -> dict:
+        if x not in self.points:
+            knobs = {**self.knobs, METHODS[self.method].main_knob: x}
+            ref = self.refs_for(knobs)
+            m = operator.accuracy(self.method, knobs, self.layers, ref, progress=False)
+            self.points[x] = {"knob": x, **{k: m[k] for k in ("sparsity", "density", "mse", "mae")}}
+        return self.points[x]
+
+    def refs_for(self, knobs: dict):
+        key = repr(operator.full_knobs(knobs))
+        if key not in self.refs:
+            self.refs[key] = operator.references(self.layers, knobs, self.progress)
+        return self.refs[key]
+
+
+def _mid(lo: float, hi: float, log: bool) -> float:
+    return math.sqrt(lo * hi) if log else 0.5 * (lo + hi)
+
+
+def bisect(curve: Curve, key: str, target: float, lo: float, hi: float, increasing: bool,
+           iters: int, tol: float, log: bool) -> dict:  # fmt: skip
+    """Knob value whose ``key`` (sparsity or mse) is closest to ``target``; ``increasing`` tells
+    whether ``key`` grows with the knob. Returns the closest evaluated point."""
+    best = None
+    for _ in range(iters):
+        x = _mid(lo, hi, log)
+        p = curve(x)
+        if best is None or abs(p[key] - target) < abs(best[key] - target):
+            best = p
+        if abs(p[key] - target) <= tol:
+            break
+        if (p[key] < target) == increasing:
+            lo = x
+        else:
+            hi = x
+    for edge in (lo, hi):
+        p = curve(edge)
+        if abs(p[key] - target) < abs(best[key] - target):
+            best = p
+    return {"target": target, **best}
+
+
+def match_method(name: str, cfg: dict, layers, refs: dict, progress: bool) -> dict:
+    m = METHODS[name]
+    knobs = {**m.defaults, **(cfg["knobs"].get(name) or {})}
+    lo, hi = cfg["ranges"][name]
+    log = lo > 0 and hi / lo >= 100
+    curve = Curve(name, knobs, layers, refs, progress)
+    for x in cfg["scan"].get(name) or []:
+        curve(float(x))
+    inc = m.sparsity_increases_with_knob
+    common = dict(lo=lo, hi=hi, iters=cfg["iters"], log=log)
+    at_sparsity = [
+        bisect(curve, "sparsity", t, increasing=inc, tol=cfg["tol_sparsity"], **common)
+        for t in cfg["target_sparsity"]
+    ]
+    at_mse = [
+        bisect(curve, "mse", t, increasing=inc, tol=cfg["tol_mse_rel"] * t, **common)
+        for t in cfg["target_mse"]
+    ]
+    points = sorted(curve.points.values(), key=lambda p: p["sparsity"])
+    return {"status": "ok", "main_knob": m.main_knob, "knobs": knobs, "curve": points,
+            "at_sparsity": at_sparsity, "at_mse": at_mse}  # fmt: skip
+
+
+def ratios(results: dict, cfg: dict) -> dict:
+    """Best baseline over S2O: MSE at each target sparsity, density at each target MSE."""
+    if results.get("s2o", {}).get("status") != "ok":
+        return {}
+    base = [r for n, r in results.items() if n != "s2o" and r["status"] == "ok"]
+    out = {"mse_at_sparsity": [], "density_at_mse": []}
+    for i, t in enumerate(cfg["target_sparsity"]):
+        ours = results["s2o"]["at_sparsity"][i]["mse"]
+        best = min((b["at_sparsity"][i]["mse"] for b in base), default=None)
+        out["mse_at_sparsity"].append(
+            {"target": t, "s2o": ours, "best_baseline": best,
+             "ratio": best / ours if best is not None and ours > 0 else None}
+        )  # fmt: skip
+    for i, t in enumerate(cfg["target_mse"]):
+        ours = results["s2o"]["at_mse"][i]["density"]
+        best = min((b["at_mse"][i]["density"] for b in base), default=None)
+        out["density_at_mse"].append(
+            {"target": t, "s2o": ours, "best_baseline": best,
+             "ratio": best / ours if best is not None and ours > 0 else None}
+        )  # fmt: skip
+    return out
+
+
+def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:
+    mcfg = resolved["matched"]
+    device, dtype = torch.device(resolved["device"]), getattr(torch, resolved["dtype"])
+    layers, info = load_layers(resolved["data"], resolved.get("model"), device, dtype)
+    refs: dict = {}
+    results = {}
+    for name in tqdm(mcfg["methods"], desc="methods", disable=not resolved["progress"]):
+        if name not in METHODS:
+            results[name] = {
+                "status": "skipped",
+                "reason": f"not registered; have {sorted(METHODS)}",
+            }
+            continue
+        results[name] = match_method(name, mcfg, layers, refs, resolved["progress"])
+        for p in results[name]["at_sparsity"]:
+            logger.log({f"{name}/mse_at_sparsity_{p['target']}": p["mse"]})
+    out = {"methods": results, "ratios": ratios(results, mcfg), "data": info}
+    _, q, k, _ = layers[0]
+    out["shape"] = {"q": list(q.shape), "kv": list(k.shape), "layers": len(layers)}
+    print(table(results))
+    return out
+
+
+def table(results: dict) -> str:
+    lines = [
+        f"{'method':<12} {'target':<10} {'knob':<10} {'sparsity':<9} {'MSE':<10} {'density':<8}"
+    ]
+    for name, r in results.items():
+        if r["status"] != "ok":
+            lines.append(f"{name:<12} {r['status']}: {r.get('reason', '')}")
+            continue
+        for p in r["at_sparsity"] + r["at_mse"]:
+            lines.append(
+                f"{name:<12} {p['target']:<10.4g} {p['knob']:<10.4g} {p['sparsity']:<9.4f} "
+                f"{p['mse']:<10.3e} {p['density']:<8.4f}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""The Hydra harness: every config composes, every experiment dry-runs, records, skip, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness_util import CONF, compose, run_cli, run_inprocess
+from omegaconf import OmegaConf
+
+import s2o
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+METHOD_FILES = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
+
+
+def test_method_yaml_keys_equal_registry_defaults():
+    for name in METHOD_FILES:
+        if name not in s2o.METHODS:
+            continue
+        keys = set(OmegaConf.load(CONF / "method" / f"{name}.yaml"))
+        want = set(s2o.METHODS[name].defaults)
+        assert keys == want, (
+            f"conf/method/{name}.yaml keys {sorted(keys)} != defaults {sorted(want)}"
+        )
+    assert {"s2o", "full"} <= set(METHOD_FILES)
+
+
+@pytest.mark.parametrize("method", METHOD_FILES)
+def test_every_method_composes_and_resolves(method):
+    import run
+    from experiments.common import resolved_config
+
+    cfg = compose([f"method={method}", "tau=0.01", "S=1024"])
+    resolved = resolved_config(run.prepare(cfg), run.job_context(cfg))
+    assert resolved["method_name"] == method
+    if method == "s2o":
+        assert resolved["method"]["tau"] == 0.01 and resolved["method"]["segment_len"] == 1024
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes(experiment):
+    cfg = compose([f"experiment={experiment}"])
+    assert cfg.kind in ("operator", "sweep", "matched")
+    assert cfg.name == experiment
+    assert OmegaConf.is_missing(cfg.data, "text"), "paper-scale runs must ask for the text (???)"
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm", "node_gpus"])
+def test_launchers_compose(launcher):
+    cfg = compose([f"hydra/launcher={launcher}"])
+    assert cfg.hydra.launcher._target_.endswith("Launcher")
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_dry_runs(experiment, tmp_path):
+    rec = run_inprocess([f"experiment={experiment}", "dry_run=true", "data=synthetic"], tmp_path)
+    assert rec["status"] == "ok", rec.get("traceback")
+    metrics = rec["metrics"]
+    if rec["kind"] == "sweep":
+        assert metrics["n_failed"] == 0, metrics["failed"]
+        assert metrics["n_points"] >= 2
+    if rec["kind"] == "matched":
+        assert metrics["methods"]["s2o"]["status"] == "ok"
+        assert metrics["methods"]["s2o"]["curve"], "no curve points"
+
+
+def test_default_command_writes_record(tmp_path):
+    proc = run_cli(["method=s2o", "tau=0.005", "dry_run=true"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sparsity" in proc.stdout and "speedup" in proc.stdout, proc.stdout
+    (path,) = tmp_path.glob("runs/s2o/*/record.json")
+    rec = json.loads(path.read_text())
+    assert rec["status"] == "ok"
+    assert rec["config"]["method"]["tau"] == 0.005 and rec["config"]["method_name"] == "s2o"
+    for key in ("mse", "mae", "sparsity", "density", "per_layer", "mse_per_head", "latency"):
+        assert key in rec["metrics"], key
+    for key in ("estimate_ms", "attention_ms", "total_ms", "full_ms", "speedup"):
+        assert rec["metrics"]["latency"][key] is not None, key
+    for key in ("device_name", "torch", "triton", "git_revision", "hostname", "time"):
+        assert key in rec["environment"], key
+    assert 0.0 <= rec["metrics"]["sparsity"] < 1.0
+    assert rec["metrics"]["mse"] < 1e-2, rec["metrics"]["mse"]
+
+
+def test_repeated_multirun_skips_and_errors_do_not_stop_the_sweep(tmp_path):
+    args = ["-m", "method=s2o", "tau=0.005,0.02", "method.block_m=64,100", "dry_run=true",
+            "timing.enabled=false"]  # fmt: skip
+    first = run_cli(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    recs = [json.loads(p.read_text()) for p in tmp_path.glob("runs/s2o/*/record.json")]
+    status = sorted(r["status"] for r in recs)
+    assert status == ["error", "error", "ok", "ok"], status
+    err = next(r for r in recs if r["status"] == "error")
+    assert "block_m=100" in err["error"] and "Traceback" in err["traceback"]
+    second = run_cli(args, tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.count("skip:") == 2, second.stdout
+
+
+def test_in_process_sweep_reuses_single_run_records(tmp_path):
+    single = run_inprocess(["experiment=hparams_tau", "data=synthetic", "dry_run=true",
+                            "kind=operator", "tau=0.02"], tmp_path)  # fmt: skip
+    assert single["status"] == "ok"
+    sweep = run_inprocess(["experiment=hparams_tau", "data=synthetic", "dry_run=true"], tmp_path)
+    skipped = {p["label"]: p["skipped"] for p in sweep["metrics"]["points"]}
+    assert skipped == {"tau=0.005": False, "tau=0.02": True}, skipped
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [("taux=1", "taux"), ("method.gammma=0.5", "gammma"), ("data.Lx=4", "Lx"),
+     ("method=nonexistent", "nonexistent")],
+)  # fmt: skip
+def test_bad_override_fails_naming_the_key(override, needle, tmp_path):
+    proc = run_cli([override], tmp_path, timeout=60)
+    assert proc.returncode != 0
+    assert needle in proc.stderr, proc.stderr[-2000:]
+
+
+def test_cuda_request_without_gpu_fails_clearly(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        run_inprocess(["device=cuda", "dry_run=true"], tmp_path)
