@@ -41,7 +41,8 @@ def accuracy(
 ) -> dict:
     """MSE/MAE against ``refs`` and sparsity, per layer and averaged."""
     per_layer, mse_heads = [], []
-    it = tqdm(zip(layers, refs), total=len(layers), desc=method, disable=not progress, leave=False)
+    it = tqdm(zip(layers, refs), total=len(layers), desc=method, leave=False,
+              disable=not progress or len(layers) < 2)  # fmt: skip
     for (layer_id, q, k, v), ref in it:
         out, stats = sparse_attention(method, q, k, v, **knobs)
         err = out.float() - ref.float()

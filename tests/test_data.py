@@ -1,0 +1,135 @@
+"""Inputs of the operator study: synthetic generator, saved tensors, model capture (tiny models)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from harness_util import ROOT, run_inprocess  # noqa: F401  (puts the repo root on sys.path)
+
+from eval.data import load_layers
+from eval.synthetic import SyntheticSpec, synthetic_qkv
+
+
+def test_synthetic_is_deterministic_and_seeded():
+    spec = SyntheticSpec(L=300, heads_q=4, heads_kv=2, head_dim=32)
+    a, b = synthetic_qkv(spec), synthetic_qkv(spec)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    c = synthetic_qkv(SyntheticSpec(L=300, heads_q=4, heads_kv=2, head_dim=32, seed=1))
+    assert not torch.equal(a[0], c[0])
+    assert a[0].shape == (1, 4, 300, 32) and a[1].shape == (1, 2, 300, 32) == a[2].shape
+
+
+def test_synthetic_plants_the_sink_and_the_slash():
+    spec = SyntheticSpec(L=512, heads_q=1, heads_kv=1, head_dim=128, frac_horizontal=0.0)
+    q, k, _ = synthetic_qkv(spec)
+    s = q[0, 0] @ k[0, 0].T / math.sqrt(spec.head_dim)
+    sink = s[1:, 0]
+    assert torch.allclose(sink, torch.full_like(sink, spec.sink), atol=1e-3), sink[:5]
+    causal = torch.ones_like(s, dtype=torch.bool).tril(-1)
+    background = s[causal].median()
+    # the planted offset is the diagonal with the highest mean score (away from the local band)
+    means = torch.stack([s.diagonal(-d)[: 512 - 256].mean() for d in range(16, 256)])
+    assert float(means.max() - background) > 0.6 * spec.slash, (float(means.max()), background)
+
+
+def test_file_source_roundtrip_and_truncation(tmp_path):
+    from safetensors.torch import save_file
+
+    q, k, v = synthetic_qkv(SyntheticSpec(L=64, heads_q=2, heads_kv=1, head_dim=16))
+    save_file({"q.3": q, "k.3": k, "v.3": v}, str(tmp_path / "t.safetensors"))
+    data = {"source": "file", "path": str(tmp_path / "t.safetensors"), "L": 40, "layers": None}
+    layers, info = load_layers(data, None, torch.device("cpu"), torch.float32)
+    (lid, q2, k2, v2) = layers[0]
+    assert lid == 3 and torch.equal(q2, q[:, :, :40]) and torch.equal(v2, v[:, :, :40])
+    with pytest.raises(ValueError, match="not found"):
+        load_layers({**data, "layers": [0]}, None, torch.device("cpu"), torch.float32)
+
+
+WORDS = [f"w{i}" for i in range(60)]
+
+
+def _tiny_model(tmp_path, arch: str):
+    """A randomly initialised tiny Llama / Qwen3 and a word-level tokenizer, saved locally."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>")
+    common = dict(vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512)  # fmt: skip
+    if arch == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    path = tmp_path / arch
+    torch.manual_seed(0)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(0)
+    text.write_text(" ".join(WORDS[i] for i in torch.randint(0, 60, (400,), generator=g)))
+    return path, text
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_capture_tiny_model_and_cache(arch, tmp_path):
+    from eval.capture import captured_layers
+
+    path, text = _tiny_model(tmp_path, arch)
+    model_cfg = {"path": str(path), "dtype": "float32", "rope_scaling": None}
+    data = {"source": "model", "L": 96, "layers": [0, 2], "text": str(text),
+            "cache_dir": str(tmp_path / "cache")}  # fmt: skip
+    layers, info = load_layers(data, model_cfg, torch.device("cpu"), torch.float32)
+    assert not info["cache_hit"] and [lid for lid, *_ in layers] == [0, 2]
+    _, q, k, v = layers[0]
+    hd = 16
+    assert q.shape == (1, 4, 96, hd) and k.shape == (1, 2, 96, hd) == v.shape
+    again, info2 = load_layers(data, model_cfg, torch.device("cpu"), torch.float32)
+    assert info2["cache_hit"] and torch.equal(again[1][1], layers[1][1])
+    assert captured_layers(data, model_cfg, torch.device("cpu"))[1]
+
+
+def test_llama_capture_is_post_rope(tmp_path):
+    """Layer 0's captured q equals RoPE(q_proj(norm(embed(ids)))) computed by hand."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from eval.capture import capture_qkv, load_model, tokenize
+
+    path, text = _tiny_model(tmp_path, "llama")
+    ids = tokenize(str(path), text.read_text(), 64)
+    got = capture_qkv(load_model(str(path), dtype="float32", device=torch.device("cpu")), ids, [0])
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        h = ref.model.embed_tokens(ids)
+        attn = ref.model.layers[0].self_attn
+        x = ref.model.layers[0].input_layernorm(h)
+        qp = attn.q_proj(x).view(1, 64, -1, 16).transpose(1, 2)
+        kp = attn.k_proj(x).view(1, 64, -1, 16).transpose(1, 2)
+        cos, sin = ref.model.rotary_emb(x, torch.arange(64)[None])
+        q_rot, k_rot = apply_rotary_pos_emb(qp, kp, cos, sin)
+    q, k, _ = got[0]
+    assert torch.allclose(q, q_rot, atol=1e-5), float((q - q_rot).abs().max())
+    assert torch.allclose(k, k_rot, atol=1e-5), float((k - k_rot).abs().max())
+    assert not torch.allclose(q, qp, atol=1e-3), "captured q equals the pre-RoPE projection"
+
+
+def test_harness_runs_on_captured_model(tmp_path):
+    path, text = _tiny_model(tmp_path, "qwen3")
+    rec = run_inprocess(
+        ["data=model", "model=qwen3_8b", f"model.path={path}", "model.dtype=float32",
+         "model.rope_scaling=null", f"data.text={text}", "data.L=256", "data.layers=[0,2]",
+         f"data.cache_dir={tmp_path}/cache", "S=128", "timing.enabled=false"],
+        tmp_path,
+    )  # fmt: skip
+    assert rec["status"] == "ok", rec.get("traceback")
+    assert rec["metrics"]["shape"]["layers"] == 2 and len(rec["metrics"]["per_layer"]) == 2
