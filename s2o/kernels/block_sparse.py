@@ -377,8 +377,8 @@ def xattn_block_scores(
     rb = block_size // stride
     nb = triton.cdiv(L, block_size)
     n_rows = nb * rb
-    bm = block_m or max(64 if q.is_cuda else 16, rb)
-    bn = block_n or max(64 if q.is_cuda else 16, rb)
+    bm = block_m or max(128 if q.is_cuda else 16, rb)
+    bn = block_n or max(128 if q.is_cuda else 16, rb)
     n_tiles = triton.cdiv(n_rows, bn)
     dev = q.device
     part = torch.empty(B, Hq, n_rows, triton.cdiv(n_rows, bn) * (bn // rb), device=dev)
