@@ -11,6 +11,7 @@ from .stats import AttentionStats
 from .validation import check_choice, check_finite, check_positive_int, check_qkv
 
 VARIANTS = ("two_pass", "fused")
+STOP_TILES = ("keep", "discard")
 IMPLS = ("auto", "reference", "triton")
 
 
@@ -32,9 +33,10 @@ def resolve_impl(impl: str, device: torch.device) -> str:
 
 
 def check_s2o_args(
-    *, segment_len, tau, block_m, block_n, local_window, q_perm, variant, scale
+    *, segment_len, tau, block_m, block_n, local_window, q_perm, variant, scale, stop_tile="keep"
 ) -> bool:
     """Validate the S2O knobs; returns the effective ``q_perm``."""
+    check_choice("stop_tile", stop_tile, STOP_TILES)
     check_positive_int("segment_len", segment_len)
     check_positive_int("block_m", block_m)
     check_positive_int("block_n", block_n)
@@ -75,6 +77,7 @@ def s2o_attention(
     scale: float | None = None,
     impl: str = "auto",
     return_stats: bool = False,
+    stop_tile: str = "keep",
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
     """Causal S2O sparse prefill attention.
 
@@ -93,6 +96,8 @@ def s2o_attention(
             ``"triton"``; an explicit choice never falls back.
         return_stats: also return :class:`AttentionStats` (``.sparsity`` float,
             ``.sparsity_per_head`` ``[B, Hq]``).
+        stop_tile: ``"keep"`` (the paper's kernel: deferred check, the tile that triggers the stop
+            is added) or ``"discard"`` (Alg. 3 as printed). Same decisions and tile counts.
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     """
@@ -100,10 +105,11 @@ def s2o_attention(
     use_q_perm = check_s2o_args(
         segment_len=segment_len, tau=tau, block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=q_perm, variant=variant, scale=scale,
+        stop_tile=stop_tile,
     )  # fmt: skip
     knobs = dict(
         segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
-        local_window=local_window, q_perm=use_q_perm, scale=scale,
+        local_window=local_window, q_perm=use_q_perm, scale=scale, stop_tile=stop_tile,
     )  # fmt: skip
     chosen = resolve_impl(impl, q.device)
     if chosen == "reference":

@@ -27,10 +27,14 @@ Definitions (the kernels follow them exactly):
   the gain of row ``r`` is ``g_r = sum_t exp(s_rt - m')`` and its accumulated mass in the same scale
   is ``l_r * exp(m_r - m')``.
 * **The stop rule (tile level).** A row *gains* when ``g_r >= tau * l_r * exp(m_r - m')`` (the
-  paper's ``delta_l >= tau * l``). If no valid row of the tile gains, the walk stops and that key
-  tile is **discarded** (Alg. 3: its contribution is not added); it still counts as processed,
-  because its ``Q K^T`` was computed. Otherwise all rows of the tile take the update and the walk
-  goes on. ``tau <= 0`` never stops, which makes the output exact dense causal attention.
+  paper's ``delta_l >= tau * l``). If no valid row of the tile gains, the walk stops after this key
+  tile; otherwise all rows of the tile take the update and the walk goes on. What happens to the
+  tile that triggers the stop is ``stop_tile``: ``"keep"`` (default) adds it, which is the paper's
+  kernel (Appendix, variant D: the ratio is computed after ``P V`` and checked at the start of the
+  next iteration); ``"discard"`` drops it, which is Alg. 3 as printed. Both make the same decisions
+  and visit the same tiles; the triggering tile counts as processed either way, because its
+  ``Q K^T`` was computed. ``tau <= 0`` never stops, which makes the output exact dense causal
+  attention.
 * **Fused variant (appendix algorithm).** No query reordering; Pass-1, local window and the ranked
   walk run back to back on one state. Arithmetically it is Pass-2 with ``q_perm=False``; the fused
   kernel only keeps ``(m, l, acc)`` in registers instead of HBM buffers.
@@ -113,7 +117,7 @@ def _pass1_state(q_seg, k, v, seg_start, local_window, scale):
     return m, p.sum(dim=-1), torch.einsum("bhrt,bhtd->bhrd", p, vs)
 
 
-def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale):
+def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_stop_tile):
     """Pass-2 (Alg. 3) for all query tiles of one segment at once, each tile stopping on its own.
 
     Args:
@@ -148,8 +152,9 @@ def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale):
         else:
             keep_tile = active
         visited += active.long()
+        take = active if keep_stop_tile else keep_tile
         active = keep_tile
-        keep = keep_tile.repeat_interleave(block_m, dim=-1)[..., :R]
+        keep = take.repeat_interleave(block_m, dim=-1)[..., :R]
         alpha = torch.exp(m - m_new)
         m.copy_(torch.where(keep, m_new, m))
         l.copy_(torch.where(keep, l_old + gain, l))
@@ -171,6 +176,7 @@ def s2o_reference(
     q_perm: bool = True,
     scale: float | None = None,
     perms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    stop_tile: str = "keep",
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention (Step 1 + Pass-1 + Pass-2) in plain PyTorch; inputs are assumed validated.
 
@@ -180,6 +186,7 @@ def s2o_reference(
             also the arithmetic of the fused single-pass variant).
         perms: ``(q_perm, kv_perm)`` from :func:`s2o_permutations` with the same ``segment_len``
             and ``local_window``; computed here when None.
+        stop_tile: ``"keep"`` or ``"discard"`` the key tile that triggers the stop (see above).
     Returns:
         out ``[B, Hq, L, D]`` in q's dtype, and :class:`AttentionStats` whose ``extra`` holds
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` (key tiles visited per Pass-2 query tile, in
@@ -207,7 +214,8 @@ def s2o_reference(
         q_rows = torch.gather(qf, 2, order[..., None].expand(-1, -1, -1, D))
         prefix = ranked_prefix_len(s, local_window)
         ranked = kv_idx[:, :, n, :prefix]
-        visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, block_m, block_n, tau, scale))
+        walk = (block_m, block_n, tau, scale, stop_tile == "keep")
+        visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, *walk))
         visit_max += [_cdiv(prefix, block_n)] * _cdiv(e - s, block_m)
         pass1_tiles += _pass1_tiles(s, e, local_window, block_m, block_n)
         o = state[2] / state[1][..., None]

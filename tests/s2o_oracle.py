@@ -48,7 +48,9 @@ def _orders(q, k, b, h, kvh, segs, local_window):
     return q_orders, kv_orders
 
 
-def oracle_s2o(q, k, v, *, segment_len, tau, block_m, block_n, local_window=0, q_perm=True):
+def oracle_s2o(
+    q, k, v, *, segment_len, tau, block_m, block_n, local_window=0, q_perm=True, stop_tile="keep"
+):
     """Returns ``(out float64 [B,Hq,L,D], visited {(b, h): [tiles per query tile]}, orders)``."""
     B, Hq, L, D = q.shape
     group = Hq // k.shape[1]
@@ -79,10 +81,13 @@ def oracle_s2o(q, k, v, *, segment_len, tau, block_m, block_n, local_window=0, q
                             >= tau * float(weights[r, accepted[r]].sum())
                             for r in rows
                         ]
-                        if tau > 0 and not any(gains):
+                        stop = tau > 0 and not any(gains)
+                        if stop and stop_tile == "discard":
                             break
                         for r in rows:
                             accepted[r] += tile
+                        if stop:
+                            break
                     visited[(b, h)].append(count)
                     for r in rows:
                         w = weights[r, accepted[r]]

@@ -60,6 +60,7 @@ BAD_KNOBS = [
     (dict(variant="fused", q_perm=True), r"fused.*q_perm=True"),
     (dict(q_perm="yes"), r"q_perm must be a bool or None, got 'yes'"),
     (dict(scale=float("nan")), r"scale must be a finite number"),
+    (dict(stop_tile="drop"), r"stop_tile='drop' is not one of \['keep', 'discard'\]"),
 ]
 
 

@@ -46,14 +46,18 @@ ORACLE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("stop_tile", ["keep", "discard"])
 @pytest.mark.parametrize("case", ORACLE_CASES)
-def test_reference_matches_oracle(case):
+def test_reference_matches_oracle(case, stop_tile):
     B, Hq, Hkv, L, D, S, bm, bn, W, tau, qp = case
     q, k, v = structured_qkv(B, Hq, Hkv, L, D, seed=L + D)
-    knobs = dict(segment_len=S, tau=tau, block_m=bm, block_n=bn, local_window=W)
+    knobs = dict(
+        segment_len=S, tau=tau, block_m=bm, block_n=bn, local_window=W, stop_tile=stop_tile
+    )
     out, stats = run_ref(q, k, v, q_perm=qp, **knobs)
     want, visited, orders = oracle_s2o(q, k, v, q_perm=qp, **knobs)
     q_idx, kv_idx = s2o_permutations(q, k, S, W)
+    assert stats.extra["pass2_tiles"].numel() > 0
     for (b, h), (q_orders, kv_orders) in orders.items():
         assert q_idx[b, h].tolist() == [i for seg in q_orders for i in seg], (b, h)
         for n, kv_order in enumerate(kv_orders):
@@ -162,7 +166,8 @@ def test_huge_tau_keeps_only_window_and_own_segment():
     """Every walk stops at its first prefix tile, which is discarded: the local-window-only case."""
     L, S, W = 256, 64, 32
     q, k, v = structured_qkv(1, 2, 1, L, 16, seed=4)
-    out, stats = run_ref(q, k, v, segment_len=S, tau=1e9, block_m=32, block_n=16, local_window=W)
+    kw = dict(segment_len=S, tau=1e9, block_m=32, block_n=16, local_window=W, stop_tile="discard")
+    out, stats = run_ref(q, k, v, **kw)
     pos = torch.arange(L)
     lo = (pos // S * S - W).clamp(min=0)
     allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= lo[:, None])
@@ -222,3 +227,16 @@ def test_reference_is_the_direct_function():
     a = s2o_attention(q, k, v, impl="reference", **kw)
     b, _ = s2o_reference(q, k, v, local_window=0, q_perm=True, scale=None, **kw)
     assert torch.equal(a, b)
+
+
+def test_stop_tile_keep_and_discard_make_the_same_decisions():
+    q, k, v = structured_qkv(1, 4, 2, 512, 32, seed=31)
+    kw = dict(segment_len=128, tau=0.02, block_m=32, block_n=32)
+    keep, sk = run_ref(q, k, v, stop_tile="keep", **kw)
+    drop, sd = run_ref(q, k, v, stop_tile="discard", **kw)
+    assert torch.equal(sk.extra["pass2_tiles"], sd.extra["pass2_tiles"])
+    assert sk.sparsity == sd.sparsity > 0
+    truth = dense_truth(q, k, v)
+    err_keep = ((keep.double() - truth) ** 2).mean().item()
+    err_drop = ((drop.double() - truth) ** 2).mean().item()
+    assert err_keep < err_drop, f"keeping the computed tile should help: {err_keep} vs {err_drop}"

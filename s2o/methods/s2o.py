@@ -17,6 +17,7 @@ DEFAULTS = {
     "variant": "two_pass",
     "scale": None,
     "impl": "auto",
+    "stop_tile": "keep",
 }
 
 
