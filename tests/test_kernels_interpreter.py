@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from s2o.kernels import s2o_step1, s2o_triton
+from s2o.kernels import s2o_step1, s2o_triton, set_stop_chunk
 from s2o.reference import s2o_permutations, s2o_reference
 
 pytestmark = pytest.mark.interpreter
@@ -52,7 +52,8 @@ def _rel(a, b):
 
 
 def _unambiguous_tau(q, k, v, perms, knobs, candidates=(0.02, 0.1, 0.3, 1.0, 3.0, 10.0)):
-    """First tau that skips tiles and whose reference decisions do not move under +-1% tau."""
+    """First tau that skips tiles and whose reference decisions do not move under +-1% tau
+    (decisions do not depend on ``stop_tile``)."""
     for tau in candidates:
         runs = [
             s2o_reference(q, k, v, tau=t, perms=perms, **knobs)[1].extra["pass2_tiles"]
@@ -104,14 +105,20 @@ def test_kernels_match_reference(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, ge
     perms = s2o_permutations(q, k, SEG, W)
     tol = 2 * _yardstick(q, k, v) + 1e-5
     has_prefix = L > SEG + W
-    taus = [0.0, _unambiguous_tau(q, k, v, perms, knobs)] if has_prefix else [0.0, 0.5]
-    for tau in taus:
-        ref, rst = s2o_reference(q, k, v, tau=tau, perms=perms, **knobs)
+    tau_skip = _unambiguous_tau(q, k, v, perms, knobs) if has_prefix else 0.5
+    runs = [(0.0, "keep"), (tau_skip, "keep"), (tau_skip, "discard")]
+    outs = {}
+    for tau, stop_tile in runs:
+        kw = dict(tau=tau, perms=perms, stop_tile=stop_tile, **knobs)
+        ref, rst = s2o_reference(q, k, v, **kw)
         out = torch.full_like(q, float("nan"))
-        out, st = s2o_triton(q, k, v, variant=variant, tau=tau, perms=perms, out=out, **knobs)
+        out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
+        outs[stop_tile] = (out, ref)
         assert not out.isnan().any(), f"tau={tau}: {int(out.isnan().sum())} outputs unwritten"
         err = _rel(out, ref)
-        assert err <= tol, f"tau={tau}: rel err {err:.3e} > tol {tol:.3e} ({dtype}, {variant})"
+        assert err <= tol, (
+            f"tau={tau} {stop_tile}: rel err {err:.3e} > tol {tol:.3e} ({dtype}, {variant})"
+        )
         got, want = st.extra["pass2_tiles"], rst.extra["pass2_tiles"]
         assert torch.equal(got, want), f"tau={tau}: pass2_tiles\n{got}\nvs reference\n{want}"
         assert torch.equal(st.tiles_processed, rst.tiles_processed)
@@ -120,7 +127,12 @@ def test_kernels_match_reference(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, ge
         assert st.extra["pass1_tiles"] == rst.extra["pass1_tiles"]
         assert st.tiles_dense == rst.tiles_dense
     if has_prefix:
-        assert st.sparsity > 0, f"tau={taus[1]} skipped nothing: the early-stop path is untested"
+        assert st.sparsity > 0, f"tau={tau} skipped nothing: the early-stop path is untested"
+        # the two rules must differ where the reference's differ (the kept tile is really added)
+        (keep, ref_keep), (drop, ref_drop) = outs["keep"], outs["discard"]
+        gap_ref = _rel(ref_keep, ref_drop)
+        assert gap_ref > 4 * tol, f"keep and discard references too close ({gap_ref:.2e})"
+        assert _rel(keep, drop) > gap_ref / 2, "kernel keep/discard outputs do not differ"
 
 
 def test_tau_zero_equals_dense_attention(gen):
@@ -137,3 +149,29 @@ def test_tau_zero_equals_dense_attention(gen):
     err, tol = _rel(out, ref), 2 * _yardstick(q, k, v)
     assert err <= tol, f"rel err vs dense {err:.3e} > {tol:.3e}"
     assert st.sparsity == 0.0
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_stop_chunk_boundaries(chunk, gen):
+    """Walks of up to 8 tiles cross several stop-check chunks: same decisions and outputs as the
+    reference under both stop_tile rules (the default chunk covers the whole walk above)."""
+    q, k, v = _qkv(1, 2, 1, 160, 16, torch.float16, gen, peak=1.5)
+    knobs = dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, local_window=0, q_perm=True)
+    perms = s2o_permutations(q, k, SEG, 0)
+    tau = _unambiguous_tau(q, k, v, perms, knobs)
+    tol = 2 * _yardstick(q, k, v) + 1e-5
+    set_stop_chunk(chunk)
+    try:
+        for variant, qp in (("two_pass", True), ("fused", False)):
+            for stop_tile in ("keep", "discard"):
+                kw = dict(knobs, q_perm=qp, tau=tau, perms=perms, stop_tile=stop_tile)
+                ref, rst = s2o_reference(q, k, v, **kw)
+                out = torch.full_like(q, float("nan"))
+                out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
+                got, want = st.extra["pass2_tiles"], rst.extra["pass2_tiles"]
+                assert torch.equal(got, want), f"{variant} {stop_tile}:\n{got}\nvs\n{want}"
+                assert bool((want > 1).any() & (want < want.max()).any()), "no long/stopped walks"
+                err = _rel(out, ref)
+                assert err <= tol, f"{variant} {stop_tile}: rel err {err:.3e} > {tol:.3e}"
+    finally:
+        set_stop_chunk(None)

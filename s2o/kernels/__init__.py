@@ -11,10 +11,13 @@ import torch
 import triton
 
 from ..stats import AttentionStats, dense_causal_tile_count
-from .s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config
+from .s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config, set_stop_chunk
 from .s2o_step1 import s2o_step1
 
-__all__ = ["s2o_step1", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused", "set_launch_config"]
+__all__ = [
+    "s2o_step1", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused", "set_launch_config",
+    "set_stop_chunk",
+]  # fmt: skip
 
 
 def pass1_tile_count(seq_len: int, segment_len: int, local_window: int, bm: int, bn: int) -> int:
@@ -52,6 +55,7 @@ def s2o_triton(
     q_perm: bool = True,
     scale: float | None = None,
     perms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    stop_tile: str = "keep",
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention with the Triton kernels; inputs are assumed validated (see ``s2o.api``).
@@ -61,7 +65,10 @@ def s2o_triton(
         variant: ``"two_pass"`` (Pass-1 buffers, then Pass-2) or ``"fused"`` (single pass,
             original query order; ``q_perm`` must be False).
         q_perm: walk queries in ``Q_perm`` order (two_pass only).
-        perms: ``(q_perm [B, Hq, L], kv_perm [B, Hq, N, P_max])`` from :func:`s2o_step1`.
+        perms: ``(q_perm [B, Hq, L], kv_perm [B, Hq, N, P_max])`` from :func:`s2o_step1` or the
+            reference (int64 or int32).
+        stop_tile: ``"keep"`` (the paper's kernel, deferred check) or ``"discard"`` the key tile
+            that triggers the stop; the decisions and visits are the same.
         out: optional contiguous ``[B, Hq, L, D]`` output buffer (tests pass a NaN-filled one).
     Returns:
         ``out`` ``[B, Hq, L, D]`` and :class:`AttentionStats` with the reference's ``extra``:
@@ -75,12 +82,15 @@ def s2o_triton(
     if variant == "fused":
         if q_perm:
             raise ValueError("variant='fused' does not reorder queries: q_perm must be False")
-        out, visited = s2o_fused(q, k, v, kvp, tau=tau, scale=scale, out=out, **geo)
+        out, visited = s2o_fused(
+            q, k, v, kvp, tau=tau, scale=scale, stop_tile=stop_tile, out=out, **geo
+        )
     else:
         state = s2o_pass1(q, k, v, scale=scale, **geo)
         out, visited = s2o_pass2(
-            q, k, v, state, qp, kvp, tau=tau, scale=scale, use_qperm=bool(q_perm), out=out, **geo
-        )
+            q, k, v, state, qp, kvp, tau=tau, scale=scale, use_qperm=bool(q_perm),
+            stop_tile=stop_tile, out=out, **geo,
+        )  # fmt: skip
     pass1 = pass1_tile_count(L, segment_len, local_window, block_m, block_n)
     pass2 = visited.long()
     stats = AttentionStats(

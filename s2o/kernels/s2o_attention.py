@@ -6,9 +6,11 @@ log2(e)``, ``p = exp2(s2 - m2)``, so ``m`` in the buffers is ``m2``. Every tile 
 FlashAttention online-softmax recurrence; the Pass-2 walk adds the tile-level stop rule:
 
     m2' = max(m2, rowmax s2); p = exp2(s2 - m2'); gain = rowsum p; l_old = l * exp2(m2 - m2')
-    if no valid row has gain >= tau * l_old: stop, discard this tile, count it as visited
+    if no valid row has gain >= tau * l_old: stop after this tile, count it as visited
 
-which is the reference's rule with ``exp`` written as ``exp2`` of log2e-prescaled scores (the two
+and the tile that triggers the stop is added (``stop_tile="keep"``, the paper's kernel, checked one
+tile late) or dropped (``"discard"``, Alg. 3 as printed); ``KEEP_STOP`` selects it. This
+ is the reference's rule with ``exp`` written as ``exp2`` of log2e-prescaled scores (the two
 sides of the comparison are the same real numbers, only rounded differently).
 
 Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
@@ -28,6 +30,15 @@ LOG2E = 1.4426950408889634
 
 # (num_warps, num_stages) per kernel; benchmarks may override them via set_launch_config
 _LAUNCH = {"pass1": None, "pass2": None, "fused": None}
+# tiles per chunk of the early-stop walk: a pipeline refill per chunk vs up to CHUNK - 1 tiles of
+# wasted Q K^T after a stop (benchmarks may override it via set_stop_chunk)
+_STOP_CHUNK_DEFAULT = 8
+_STOP_CHUNK = {"n": _STOP_CHUNK_DEFAULT}
+
+
+def set_stop_chunk(n: int | None) -> None:
+    """Tiles per stop-check chunk of the early-stop walk (None resets to the default)."""
+    _STOP_CHUNK["n"] = _STOP_CHUNK_DEFAULT if n is None else int(n)
 
 
 def set_launch_config(kernel: str, num_warps: int | None, num_stages: int | None = None) -> None:
@@ -101,7 +112,7 @@ def _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < P
     if GATHER:
-        idx = tl.load(KVP_row + cols, mask=col_ok, other=0)
+        idx = tl.load(KVP_row + cols, mask=col_ok, other=0).to(tl.int64)
     else:
         idx = cols.to(tl.int64)
     offs_d = tl.arange(0, HEAD_D)
@@ -115,48 +126,69 @@ def _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
 def _ranked_walk(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
-    EARLY_STOP: tl.constexpr, IEEE: tl.constexpr, STOP_CHUNK: tl.constexpr = 4,
+    EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
+    STOP_CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits."""
+    """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits.
+
+    With EARLY_STOP the walk is a ``while`` loop over chunks of STOP_CHUNK tiles with a
+    software-pipelined ``for`` loop inside (Triton pipelines only ``for`` loops, which cannot
+    break). The loads never depend on the stop decision, so the pipeliner can prefetch them; a
+    tile after the stop is *dead*: its columns are all masked (``cols < P * go``), which makes its
+    update the identity (``p = 0``, ``alpha = 1``) and it is not counted. Its ``Q K^T`` is wasted
+    work, at most ``STOP_CHUNK - 1`` tiles per walk.
+
+    KEEP_STOP (``stop_tile="keep"``, the paper's kernel): every live tile is added, and the
+    per-row gain flags of tile ``j`` are reduced across rows only after tile ``j + 1``'s
+    ``Q K^T`` has been issued (the deferred check), off the path between the two products.
+    Otherwise (``"discard"``) the tile's own flags decide, before ``P V``, whether it is added.
+    """
     n_tiles = tl.cdiv(P, BLOCK_N)
     if EARLY_STOP:
-        # a while loop over chunks of STOP_CHUNK tiles with a (software-pipelined) for loop
-        # inside: Triton pipelines only for loops, and a for loop cannot break, so after a stop
-        # the rest of the chunk runs with its loads masked off and its updates discarded
         visited = n_tiles * 0
         j0 = n_tiles * 0
-        active = n_tiles > 0
-        while active:
-            for c in range(0, STOP_CHUNK):
+        go = n_tiles > 0  # the walk is still live
+        gains = row_ok  # row flags of the previous tile (KEEP_STOP: checked one tile late)
+        cols0 = tl.arange(0, BLOCK_N)
+        while go:
+            for c in range(0, tl.minimum(STOP_CHUNK, n_tiles - j0)):
                 j = j0 + c
-                live = active & (j < n_tiles)
                 k, v, col_ok = _load_kv_tile(
-                    K_head, V_head, KVP_row, stride_kl, stride_vl, j, P * live.to(tl.int32),
-                    BLOCK_N, HEAD_D, GATHER,
-                )  # fmt: skip
+                    K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, BLOCK_N, HEAD_D, GATHER
+                )
                 if IEEE:
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee")
                 else:
-                    s = tl.dot(q, tl.trans(k)) * qk_scale
-                s = tl.where(col_ok[None, :], s, float("-inf"))
+                    s = tl.dot(q, tl.trans(k))
+                if KEEP_STOP:
+                    go = go & (tl.max(gains.to(tl.int32), 0) > 0)
+                lim = P * go.to(tl.int32)  # 0 for a dead tile: every column masked
+                s = tl.where((j * BLOCK_N + cols0 < lim)[None, :], s * qk_scale, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 p = tl.math.exp2(s - m_new[:, None])
-                gain = tl.sum(p, 1)
                 alpha = tl.math.exp2(m_i - m_new)
+                gain = tl.sum(p, 1)
                 l_old = l_i * alpha
                 gains = (gain >= tau * l_old) & row_ok
-                take = live & (tl.max(gains.to(tl.int32), 0) > 0)
-                visited += live.to(tl.int32)
+                visited += go.to(tl.int32)
                 if IEEE:
                     pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
                 else:
                     pv = tl.dot(p.to(v.dtype), v)
-                acc = tl.where(take, acc * alpha[:, None] + pv, acc)
-                l_i = tl.where(take, l_old + gain, l_i)
-                m_i = tl.where(take, m_new, m_i)
-                active = take
+                if KEEP_STOP:
+                    acc = acc * alpha[:, None] + pv
+                    l_i = l_old + gain
+                    m_i = m_new
+                else:
+                    take = go & (tl.max(gains.to(tl.int32), 0) > 0)
+                    acc = tl.where(take, acc * alpha[:, None] + pv, acc)
+                    l_i = tl.where(take, l_old + gain, l_i)
+                    m_i = tl.where(take, m_new, m_i)
+                    go = take
+            if KEEP_STOP:
+                go = go & (tl.max(gains.to(tl.int32), 0) > 0)
             j0 += STOP_CHUNK
-            active = active & (j0 < n_tiles)
+            go = go & (j0 < n_tiles)
     else:
         for j in range(0, n_tiles):
             k, v, col_ok = _load_kv_tile(
@@ -210,7 +242,8 @@ def _s2o_pass2_kernel(
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
-    GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, IEEE: tl.constexpr,
+    GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
+    STOP_CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Ranked walk with early stop for one query tile of ``Q_perm`` order; scatters the output.
 
@@ -230,7 +263,7 @@ def _s2o_pass2_kernel(
     slots = a + tl.arange(0, BLOCK_M)
     row_ok = slots < tl.minimum(seg_start + S, L)
     if USE_QPERM:
-        pos = tl.load(QP + bh * L + slots, mask=row_ok, other=0)
+        pos = tl.load(QP + bh * L + slots, mask=row_ok, other=0).to(tl.int64)
     else:
         pos = slots.to(tl.int64)
     offs_d = tl.arange(0, HEAD_D)
@@ -243,7 +276,7 @@ def _s2o_pass2_kernel(
     m_i, l_i, acc, visited = _ranked_walk(
         q, m_i, l_i, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
         KVP + b * stride_pb + h * stride_ph + seg * stride_pn, stride_kl, stride_vl, P, row_ok,
-        qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, IEEE,
+        qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -257,7 +290,8 @@ def _s2o_fused_kernel(
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
-    EARLY_STOP: tl.constexpr, IEEE: tl.constexpr,
+    EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
+    STOP_CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -286,12 +320,18 @@ def _s2o_fused_kernel(
     m_i, l_i, acc, visited = _ranked_walk(
         q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
         stride_kl, stride_vl, lo, row_ok, qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER,
-        EARLY_STOP, IEEE,
+        EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
     o_ptrs = O + bh * L * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _keep(stop_tile: str) -> bool:
+    if stop_tile not in ("keep", "discard"):
+        raise ValueError(f"stop_tile must be 'keep' or 'discard', got {stop_tile!r}")
+    return stop_tile == "keep"
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -329,13 +369,14 @@ def s2o_pass1(q, k, v, *, segment_len, local_window, block_m, block_n, scale=Non
 
 def s2o_pass2(
     q, k, v, state, q_perm, kv_perm, *, segment_len, local_window, block_m, block_n, tau,
-    scale=None, use_qperm=True, gather=True, early_stop=None, out=None,
+    scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
-    ``q_perm`` ``[B, Hq, L]`` and ``kv_perm`` ``[B, Hq, N, P_max]`` int64 (step 1's layout).
-    ``early_stop=None`` means ``tau > 0``; True with ``tau <= 0`` runs the stop-rule control flow
-    without ever stopping (overhead decomposition D).
+    ``q_perm`` ``[B, Hq, L]`` and ``kv_perm`` ``[B, Hq, N, P_max]``, int64 or int32 (step 1's
+    layout). ``early_stop=None`` means ``tau > 0``; True with ``tau <= 0`` runs the stop-rule
+    control flow without ever stopping (overhead decomposition D). ``stop_tile``: ``"keep"`` or
+    ``"discard"`` the tile that triggers the stop (same decisions and visits).
     """
     q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
     B, Hq, L, D = q.shape
@@ -350,14 +391,15 @@ def s2o_pass2(
         *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp), L, Hq, Hq // k.shape[1],
         segment_len, local_window, n_tiles, qk_scale, float(tau), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
-        IEEE=ieee, **_launch_config("pass2", D, q.device),
+        KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
+        **_launch_config("pass2", D, q.device),
     )  # fmt: skip
     return out, visited
 
 
 def s2o_fused(
     q, k, v, kv_perm, *, segment_len, local_window, block_m, block_n, tau, scale=None,
-    gather=True, early_stop=None, out=None,
+    gather=True, early_stop=None, stop_tile="keep", out=None,
 ):  # fmt: skip
     """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`."""
     q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
@@ -371,6 +413,7 @@ def s2o_fused(
         q, k, v, out, kvp, visited, *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp),
         L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale, float(tau),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop,
-        IEEE=ieee, **_launch_config("fused", D, q.device),
+        KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
+        **_launch_config("fused", D, q.device),
     )  # fmt: skip
     return out, visited
