@@ -24,6 +24,7 @@ Run on the GPU machine: ``PYTHONPATH=. python3 benchmarks/bench_s2o.py --abcd --
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -42,8 +43,12 @@ from s2o.kernels import (
     s2o_pass2,
     s2o_step1,
     set_launch_config,
+    set_stop_chunk,
 )
+from s2o.kernels import s2o_attention as attn_mod
 from s2o.stats import dense_causal_tile_count
+
+step1_mod = importlib.import_module("s2o.kernels.s2o_step1")  # the package re-exports the function
 
 SINK, HEAVY, N_HEAVY, LOCAL, BACKGROUND, Q_SINK = 12.0, 8.0, 16, 4.0, 1.0, 3.0
 SEED = 0
@@ -121,12 +126,17 @@ def s2o_times(q, k, v, perms, S, taus):
     dense_tiles = dense_causal_tile_count(L, 128, 128)
     p1_tiles = pass1_tile_count(L, S, 0, 128, 128)
 
-    def two_pass(tau, early_stop=None):
+    def two_pass(tau, early_stop=None, stop_tile="keep"):
         st = s2o_pass1(q, k, v, **geo)
-        return s2o_pass2(q, k, v, st, qp, kvp, tau=tau, early_stop=early_stop, **geo)
+        return s2o_pass2(
+            q, k, v, st, qp, kvp, tau=tau, early_stop=early_stop, stop_tile=stop_tile, **geo
+        )
 
     rec["noskip_ms"] = bench(lambda: two_pass(0.0), L)
     rec["noskip_stoplogic_ms"] = bench(lambda: two_pass(0.0, early_stop=True), L)
+    rec["noskip_stoplogic_discard_ms"] = bench(
+        lambda: two_pass(0.0, early_stop=True, stop_tile="discard"), L
+    )
     rec["pass2_noskip_ms"] = bench(lambda: s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, **geo), L)
     rec["fused_noskip_ms"] = bench(lambda: s2o_fused(q, k, v, kvp, tau=0.0, **geo), L)
 
@@ -137,6 +147,7 @@ def s2o_times(q, k, v, perms, S, taus):
         density_f = float((vf.double().sum(-1) + p1_tiles).mean()) / dense_tiles
         return {
             "tau": tau, "density": density, "kernel_ms": bench(lambda: two_pass(tau), L),
+            "kernel_discard_ms": bench(lambda: two_pass(tau, stop_tile="discard"), L),
             "fused_density": density_f,
             "fused_ms": bench(lambda: s2o_fused(q, k, v, kvp, tau=tau, **geo), L),
         }  # fmt: skip
@@ -144,6 +155,74 @@ def s2o_times(q, k, v, perms, S, taus):
     rec["sparse"] = [sparse_point(tau) for tau in taus]
     rec["noskip_tflops"] = causal_tflops(L, Hq, D, rec["noskip_ms"])
     return rec
+
+
+def sweep_chunks(q, k, v, perms, S, taus, chunks=(2, 4, 8, 16)):
+    """Stop-check chunk size vs speed: D (stop logic on, tau=0) and the sparse points."""
+    L = q.shape[2]
+    geo = dict(segment_len=S, local_window=0, block_m=128, block_n=128)
+    qp, kvp = perms
+    dense_tiles = dense_causal_tile_count(L, 128, 128)
+    p1_tiles = pass1_tile_count(L, S, 0, 128, 128)
+
+    def two_pass(tau, early_stop=None):
+        st = s2o_pass1(q, k, v, **geo)
+        return s2o_pass2(q, k, v, st, qp, kvp, tau=tau, early_stop=early_stop, **geo)
+
+    out = {"L": L, "noskip_ms": bench(lambda: two_pass(0.0), L), "chunks": []}
+    for chunk in chunks:
+        set_stop_chunk(chunk)
+        row = {"chunk": chunk, "stoplogic_ms": bench(lambda: two_pass(0.0, True), L), "sparse": []}
+        for tau in taus:
+            _, visited = two_pass(tau)
+            density = float((visited.double().sum(-1) + p1_tiles).mean()) / dense_tiles
+            row["sparse"].append({"tau": tau, "density": density,
+                                  "kernel_ms": bench(lambda t=tau: two_pass(t), L)})  # fmt: skip
+        print(json.dumps(row), flush=True)
+        out["chunks"].append(row)
+    set_stop_chunk(None)
+    return out
+
+
+def copy_bandwidth():
+    """Device-to-device copy of 2 GiB: (bytes read + written) / time, TB/s (the memory ceiling)."""
+    x = torch.empty(2**30, dtype=torch.int16, device="cuda").random_()
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=20, rep=200, return_mode="median")
+    return 2 * 2**31 / (ms * 1e-3) / 1e12
+
+
+def step1_breakdown(q, k, S):
+    """Step 1 at one shape: total per (sort mode, index dtype), and the key scoring and the sort
+    of sort mode "full" timed apart (same rectangles as s2o_step1 builds)."""
+    B, Hq, L, D = q.shape
+    Hkv = k.shape[1]
+    n_seg = triton.cdiv(L, S)
+    prefix = [n * S for n in range(n_seg)]
+    out = {"keys": B * Hq * sum(prefix)}
+    for mode in ("chunks", "full"):
+        for dt in (torch.int64, torch.int32):
+            out[f"total_{mode}_{str(dt)[6:]}_ms"] = bench(
+                lambda d=dt, m=mode: s2o_step1(q, k, segment_len=S, index_dtype=d, sort_mode=m), L
+            )
+    q_mean = step1_mod._segment_means(q, S).view(B, Hkv, Hq // Hkv, n_seg, D)
+    kf = k.float()
+    groups = step1_mod._sort_groups(prefix, B * Hq, "full")
+
+    def scores():
+        res = []
+        for a, b in groups:
+            qm = q_mean[:, :, :, a:b].reshape(B, Hkv, -1, D)
+            res.append(torch.matmul(qm, kf[:, :, : prefix[b - 1]].transpose(-1, -2)))
+        return res
+
+    rects = [r.view(B, Hq, b - a, -1) for r, (a, b) in zip(scores(), groups)]
+    out["score_full_ms"] = bench(scores, L)
+    out["sort_full_ms"] = bench(
+        lambda: [torch.sort(r, dim=-1, descending=True, stable=True) for r in rects], L
+    )
+    out["sorted_keys_full"] = sum(r.numel() for r in rects)
+    return out
 
 
 def tune(q, k, v, perms, S):
@@ -198,20 +277,21 @@ def markdown(record):
         f"input: structured synthetic (seed {SEED}). Median of do_bench, ms.",
         "",
         "| L | flash | cuDNN | Step1 S=2048 | kernel tau<=0 | total tau<=0 | total/flash "
-        "| tau | density | kernel | kernel/(d x no-skip-D) | total | speedup vs flash | vs cuDNN |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tau | density | kernel | kernel/(d x no-skip) | kernel discard | total "
+        "| speedup vs flash | vs cuDNN |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in record["lengths"]:
         st1 = r["step1_ms"]["2048"]
         tot0 = st1 + r["s2o"]["noskip_ms"]
         for sp in r["s2o"]["sparse"]:
             tot = st1 + sp["kernel_ms"]
-            ratio = sp["kernel_ms"] / (sp["density"] * r["s2o"]["noskip_stoplogic_ms"])
+            ratio = sp["kernel_ms"] / (sp["density"] * r["s2o"]["noskip_ms"])
             lines.append(
                 f"| {r['L']} | {r['flash_ms']:.2f} | {r['cudnn_ms'] or float('nan'):.2f} | "
                 f"{st1:.2f} | {r['s2o']['noskip_ms']:.2f} | {tot0:.2f} | "
                 f"{tot0 / r['flash_ms']:.3f} | {sp['tau']} | {sp['density']:.3f} | "
-                f"{sp['kernel_ms']:.2f} | {ratio:.2f} | "
+                f"{sp['kernel_ms']:.2f} | {ratio:.2f} | {sp['kernel_discard_ms']:.2f} | "
                 f"{tot:.2f} | {r['flash_ms'] / tot:.2f} | "
                 f"{(r['cudnn_ms'] or float('nan')) / tot:.2f} |"
             )
@@ -224,16 +304,43 @@ def markdown(record):
             + " | ".join(f"{s[str(x)]:.3f}" for x in (512, 1024, 2048, 4096))
             + " |"
         )
-    lines += ["", "No-skip variants (ms): two-pass, with stop logic on (tau=0), fused, passes:", "",
-              "| L | two-pass | two-pass + stop logic | fused | pass1 | pass2 | TFLOP/s two-pass |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "No-skip variants (ms): two-pass, with stop logic on (tau=0; keep = deferred "
+              "check, discard = check between the products), fused, passes:", "",
+              "| L | two-pass | + stop logic keep | + stop logic discard | fused | pass1 | pass2 "
+              "| TFLOP/s two-pass |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in record["lengths"]:
         s = r["s2o"]
         lines.append(
             f"| {r['L']} | {s['noskip_ms']:.2f} | {s['noskip_stoplogic_ms']:.2f} | "
+            f"{s['noskip_stoplogic_discard_ms']:.2f} | "
             f"{s['fused_noskip_ms']:.2f} | {s['pass1_ms']:.2f} | {s['pass2_noskip_ms']:.2f} | "
             f"{s['noskip_tflops']:.0f} |"
         )
+    if record.get("step1_breakdown"):
+        b = record["step1_breakdown"]
+        gb = b["keys"] * 1e-9
+        lines += ["", f"Step 1 breakdown at L={b['L']}, S={b['S']} ({b['keys'] / 1e6:.0f}M ranked "
+                  f"keys; copy bandwidth {record['copy_tb_s']:.2f} TB/s), ms:", "",
+                  "| chunks int64 | chunks int32 | full int64 | full int32 | scores (full) "
+                  "| sort (full) | sort ns/key |", "|---|---|---|---|---|---|---|",
+                  f"| {b['total_chunks_int64_ms']:.2f} | {b['total_chunks_int32_ms']:.2f} | "
+                  f"{b['total_full_int64_ms']:.2f} | {b['total_full_int32_ms']:.2f} | "
+                  f"{b['score_full_ms']:.2f} | {b['sort_full_ms']:.2f} | "
+                  f"{b['sort_full_ms'] / gb * 1e-3:.3f} |"]  # fmt: skip
+    for sw in record.get("sweep", []):
+        lines += ["", f"Stop-check chunk sweep at L={sw['L']} (no-skip plain "
+                  f"{sw['noskip_ms']:.2f} ms): two-pass kernel ms, D = stop logic on at tau=0; "
+                  "ratio = kernel / (density x no-skip plain)", "",
+                  "| chunk | D | D/C | " + " | ".join(f"tau={x['tau']} (d, ms, ratio)"
+                                                    for x in sw["chunks"][0]["sparse"]) + " |",
+                  "|---|---|---|" + "---|" * len(sw["chunks"][0]["sparse"])]  # fmt: skip
+        for c in sw["chunks"]:
+            cells = [f"{x['density']:.3f}, {x['kernel_ms']:.2f}, "
+                     f"{x['kernel_ms'] / (x['density'] * sw['noskip_ms']):.2f}"
+                     for x in c["sparse"]]  # fmt: skip
+            d_over_c = c["stoplogic_ms"] / sw["noskip_ms"]
+            lines.append(f"| {c['chunk']} | {c['stoplogic_ms']:.2f} | {d_over_c:.3f} | "
+                         + " | ".join(cells) + " |")  # fmt: skip
     if record.get("abcd"):
         from benchmarks.abcd import abcd_markdown
 
@@ -281,6 +388,9 @@ def main(argv=None):
     ap.add_argument("--lengths", default="8192,16384,32768,65536,131072")
     ap.add_argument("--taus", default="0.002,0.005,0.02")
     ap.add_argument("--abcd", action="store_true")
+    ap.add_argument("--sweep", default="", help="lengths for the stop-check chunk sweep")
+    ap.add_argument("--step1-breakdown", type=int, default=0, help="L for the Step-1 breakdown")
+    ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--rev", default=None)
     ap.add_argument("--out", default="results/kernels")
     args = ap.parse_args(argv)
@@ -289,14 +399,32 @@ def main(argv=None):
     record = {"env": environment(args.rev), "shape": dict(B=B, Hq=Hq, Hkv=Hkv, D=D, dtype="bf16",
               causal=True, segment_len=S, block_m=128, block_n=128, local_window=0),
               "generator": dict(seed=SEED, sink=SINK, heavy=HEAVY, n_heavy=N_HEAVY, local=LOCAL,
-                                background=BACKGROUND, q_sink=Q_SINK), "lengths": []}  # fmt: skip
-    lengths = [int(x) for x in args.lengths.split(",")]
-    q, k, v = structured_qkv(B, Hq, Hkv, 16384, D)
-    record["launch"] = tune(q, k, v, s2o_step1(q, k, segment_len=S), S)
+                                background=BACKGROUND, q_sink=Q_SINK),
+              "stop_chunk": attn_mod._STOP_CHUNK["n"],
+              "step1_config": {k: str(v) for k, v in step1_mod.STEP1_CONFIG.items()},
+              "lengths": [], "sweep": []}  # fmt: skip
+    record["copy_tb_s"] = copy_bandwidth()
+    print(f"copy bandwidth {record['copy_tb_s']:.2f} TB/s", flush=True)
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    if not args.no_tune:
+        q, k, v = structured_qkv(B, Hq, Hkv, 16384, D)
+        record["launch"] = tune(q, k, v, s2o_step1(q, k, segment_len=S), S)
+    if args.step1_breakdown:
+        L = args.step1_breakdown
+        q, k, _ = structured_qkv(B, Hq, Hkv, L, D)
+        record["step1_breakdown"] = {"L": L, "S": S, **step1_breakdown(q, k, S)}
+        print(json.dumps(record["step1_breakdown"]), flush=True)
+        del q, k
+    for L in [int(x) for x in args.sweep.split(",") if x]:
+        torch.cuda.empty_cache()
+        q, k, v = structured_qkv(B, Hq, Hkv, L, D)
+        record["sweep"].append(sweep_chunks(q, k, v, s2o_step1(q, k, segment_len=S), S, taus))
+        del q, k, v
+        save(record, args.out)
     for L in lengths:
         record["lengths"].append(run_length(B, Hq, Hkv, D, S, L, taus, args.abcd))
-        md = save(record, args.out)  # after every length, so a cut-off run keeps what it measured
-    print(md)
+        save(record, args.out)  # after every length, so a cut-off run keeps what it measured
+    print(save(record, args.out))
 
 
 if __name__ == "__main__":

@@ -42,10 +42,13 @@ def test_step1_gpu_equals_reference_on_exact_data():
     k = torch.randint(-8, 9, (1, 2, 1088, 128), generator=g, device="cuda").float() / 4
     q, k = q.to(BF16), k.to(BF16)
     for W in (0, 128):
-        qp, kvp = s2o_step1(q, k, segment_len=256, local_window=W)
         rqp, rkvp = s2o_permutations(q.cpu(), k.cpu(), 256, W)
-        assert torch.equal(qp.cpu(), rqp), f"W={W}: q_perm differs"
-        assert torch.equal(kvp.cpu(), rkvp), f"W={W}: kv_perm differs"
+        for dtype, mode in ((torch.int64, "full"), (torch.int32, "full"), (torch.int64, "chunks")):
+            qp, kvp = s2o_step1(q, k, segment_len=256, local_window=W, index_dtype=dtype,
+                                sort_mode=mode)  # fmt: skip
+            assert kvp.dtype == dtype
+            assert torch.equal(qp.cpu(), rqp), f"W={W}: q_perm differs"
+            assert torch.equal(kvp.cpu().long(), rkvp), f"W={W} {dtype} {mode}: kv_perm differs"
 
 
 def test_step1_gpu_long_is_a_ranking():
@@ -87,13 +90,16 @@ def test_gpu_matches_reference(variant, q_perm, L, W):
                     torch.equal(hi.extra["pass2_tiles"], want)):  # fmt: skip
                 continue
             decided += 1
-        out = torch.full_like(q, float("nan"))
-        out, st = s2o_triton(q, k, v, variant=variant, tau=tau, perms=perms, out=out, **knobs)
-        assert not out.isnan().any(), f"tau={tau}: unwritten outputs"
-        err = _rel(out, ref)
-        assert err <= tol, f"tau={tau}: rel err {err:.3e} > {tol:.3e}"
-        assert torch.equal(st.extra["pass2_tiles"].cpu(), rst.extra["pass2_tiles"].cpu())
-        assert torch.equal(st.tiles_processed.cpu(), rst.tiles_processed.cpu())
+        for stop_tile in ("keep", "discard") if tau > 0 else ("keep",):
+            kw = dict(tau=tau, perms=perms, stop_tile=stop_tile, **knobs)
+            ref, rst = s2o_reference(q, k, v, **kw)
+            out = torch.full_like(q, float("nan"))
+            out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
+            assert not out.isnan().any(), f"tau={tau}: unwritten outputs"
+            err = _rel(out, ref)
+            assert err <= tol, f"tau={tau} {stop_tile}: rel err {err:.3e} > {tol:.3e}"
+            assert torch.equal(st.extra["pass2_tiles"].cpu(), rst.extra["pass2_tiles"].cpu())
+            assert torch.equal(st.tiles_processed.cpu(), rst.tiles_processed.cpu())
     assert decided > 0, "no unambiguous tau: the early-stop path was not compared"
 
 

@@ -73,15 +73,18 @@ def _unambiguous_tau(q, k, v, perms, knobs, candidates=(0.02, 0.1, 0.3, 1.0, 3.0
         (2, 2, 2, 72, 32, 64, 0),  # batch 2, no GQA, last segment of 8
         (1, 4, 1, 136, 16, 32, 32),  # GQA 4, local window
         (1, 2, 1, 32, 16, 64, 0),  # L < S: one segment, empty kv_perm
+        (1, 64, 8, 96, 16, 32, 0),  # 64 rows per segment: "full" sorts one segment per call
     ],
 )
-def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, gen):
+@pytest.mark.parametrize("dtype,mode", [(torch.int64, "full"), (torch.int32, "chunks")])
+def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, dtype, mode, gen):
     q, k = _exact((B, Hq, L, D), gen), _exact((B, Hkv, L, D), gen)
-    qp, kvp = s2o_step1(q, k, segment_len=S, local_window=W)
+    qp, kvp = s2o_step1(q, k, segment_len=S, local_window=W, index_dtype=dtype, sort_mode=mode)
     rqp, rkvp = s2o_permutations(q, k, S, W)
-    assert qp.dtype == rqp.dtype and kvp.dtype == rkvp.dtype
+    assert qp.dtype == rqp.dtype and kvp.dtype == dtype
     assert qp.shape == rqp.shape and kvp.shape == rkvp.shape, (qp.shape, kvp.shape, rkvp.shape)
     assert torch.equal(qp, rqp), f"q_perm differs at {(qp != rqp).nonzero()[:5].tolist()}"
+    kvp = kvp.long()
     assert torch.equal(kvp, rkvp), f"kv_perm differs at {(kvp != rkvp).nonzero()[:5].tolist()}"
 
 
@@ -154,7 +157,8 @@ def test_tau_zero_equals_dense_attention(gen):
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_stop_chunk_boundaries(chunk, gen):
     """Walks of up to 8 tiles cross several stop-check chunks: same decisions and outputs as the
-    reference under both stop_tile rules (the default chunk covers the whole walk above)."""
+    reference under both stop_tile rules (the default chunk covers the whole walk above); the
+    kernels read an int32 kv_perm here."""
     q, k, v = _qkv(1, 2, 1, 160, 16, torch.float16, gen, peak=1.5)
     knobs = dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, local_window=0, q_perm=True)
     perms = s2o_permutations(q, k, SEG, 0)
@@ -167,6 +171,7 @@ def test_stop_chunk_boundaries(chunk, gen):
                 kw = dict(knobs, q_perm=qp, tau=tau, perms=perms, stop_tile=stop_tile)
                 ref, rst = s2o_reference(q, k, v, **kw)
                 out = torch.full_like(q, float("nan"))
+                kw["perms"] = (perms[0], perms[1].int())  # the kernels take int32 kv_perm too
                 out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
                 got, want = st.extra["pass2_tiles"], rst.extra["pass2_tiles"]
                 assert torch.equal(got, want), f"{variant} {stop_tile}:\n{got}\nvs\n{want}"

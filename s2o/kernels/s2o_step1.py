@@ -1,12 +1,14 @@
 """Step 1 of S2O (Alg. 1) on the GPU: segment means, query scores, causal-prefix key ranking.
 
 Batched over batch, heads and segments: no per-head Python loop and no host synchronisation (every
-shape follows from ``L``, ``S`` and ``W``). The only Python loop runs over a handful of *segment
-chunks* so that the key sort works on ``[.., chunk, P_chunk]`` rectangles instead of one
-``[.., N, P_max]`` rectangle that is half ``-inf`` padding.
+shape follows from ``L``, ``S`` and ``W``). The only Python loop runs over *groups of segments*:
+each group's keys are scored by one fp32 matrix product into a ``[B, Hq, group, P_last]``
+rectangle and ranked by one ``torch.sort`` call (see :func:`_sort_groups` for how the group size
+picks torch's sort algorithm).
 
-Output layout (the same as the specification): ``q_perm`` ``[B, Hq, L]`` int64 absolute positions,
-``kv_perm`` ``[B, Hq, N, P_max]`` int64 ranked prefix per segment padded with ``-1``.
+Output layout (the specification's): ``q_perm`` ``[B, Hq, L]`` int64 absolute positions,
+``kv_perm`` ``[B, Hq, N, P_max]`` ranked prefix per segment padded with ``-1``, int64 or int32
+(``index_dtype``; the kernels read either, the reference needs int64).
 
 Scores are fp32 dot products of fp32-upcast inputs (no tf32), so the order matches the reference up
 to the summation order of the fp32 dot products; ties keep ascending token order (stable sort).
@@ -18,8 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-# at most this many key-sort rectangles; the padding waste is about 1 / (2 * chunks)
+# at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
+# defaults of s2o_step1 (benchmarks compare the alternatives)
+STEP1_CONFIG = {"index_dtype": torch.int64, "sort_mode": "full"}
 
 
 @triton.jit
@@ -85,26 +89,45 @@ def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
     return (order + base).view(B, Hq, n_seg * segment_len)[..., :L]
 
 
-def _sort_chunks(prefix: list[int]) -> list[tuple[int, int]]:
-    """Split the segments with a non-empty prefix into contiguous chunks of similar width."""
+def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tuple[int, int]]:
+    """Contiguous groups of segments (non-empty prefix) whose keys one ``torch.sort`` call ranks.
+
+    ``"chunks"``: at most ``_MAX_SORT_CHUNKS`` groups of similar width (one call per group; with
+    >= 128 rows torch runs cub's segmented radix sort, one thread block per row).
+    ``"full"``: groups of fewer than 128 rows, for which torch sorts the whole group with two
+    device-wide radix sorts (keys, then row id), which streams at full bandwidth.
+    """
     first = next((n for n, p in enumerate(prefix) if p > 0), len(prefix))
     live = len(prefix) - first
     if live == 0:
         return []
-    n_chunks = min(_MAX_SORT_CHUNKS, live)
-    bounds = [first + (live * c) // n_chunks for c in range(n_chunks + 1)]
+    if mode == "full" and rows_per_segment < 128:
+        per = max(1, 127 // rows_per_segment)
+        bounds = list(range(first, len(prefix), per)) + [len(prefix)]
+    else:
+        n_chunks = min(_MAX_SORT_CHUNKS, live)
+        bounds = [first + (live * c) // n_chunks for c in range(n_chunks + 1)]
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 def s2o_step1(
-    q: torch.Tensor, k: torch.Tensor, *, segment_len: int, local_window: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    segment_len: int,
+    local_window: int = 0,
+    index_dtype: torch.dtype | None = None,
+    sort_mode: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 1 (Alg. 1): ``(q_perm [B, Hq, L] int64, kv_perm [B, Hq, N, P_max] int64)``.
+    """Step 1 (Alg. 1): ``(q_perm [B, Hq, L] int64, kv_perm [B, Hq, N, P_max])``.
 
     Args:
         q: ``[B, Hq, L, D]``; k: ``[B, Hkv, L, D]``, ``Hq % Hkv == 0`` (GQA, K is never repeated:
             the ``G = Hq // Hkv`` query means of a key head are scored in one matrix product).
         segment_len: ``S``; local_window: ``W`` keys before each segment excluded from the ranking.
+        index_dtype: dtype of ``kv_perm`` (default ``STEP1_CONFIG["index_dtype"]``): int64 is the
+            specification's, int32 halves the bytes (the kernels take either; the values are equal).
+        sort_mode: ``"full"`` or ``"chunks"`` (see :func:`_sort_groups`); default from the config.
     Returns:
         q_perm: absolute query positions, descending ``<q, mean(k[:, :, :S])>`` inside each segment.
         kv_perm: row ``n`` = keys ``0..P_n-1`` (``P_n = max(0, n*S - W)``) in descending
@@ -117,26 +140,28 @@ def s2o_step1(
     n_seg = triton.cdiv(L, S)
     prefix = [max(0, n * S - local_window) for n in range(n_seg)]
     p_max = prefix[-1]
+    index_dtype = STEP1_CONFIG["index_dtype"] if index_dtype is None else index_dtype
+    sort_mode = STEP1_CONFIG["sort_mode"] if sort_mode is None else sort_mode
 
     k_guide = k[:, :, : min(S, L)].sum(dim=2, dtype=torch.float32) / min(S, L)  # [B, Hkv, D]
     q_perm = _query_perm(_query_scores(q, k_guide), S)
 
-    kv_perm = torch.empty(B, Hq, n_seg, p_max, dtype=torch.long, device=q.device)
+    kv_perm = torch.empty(B, Hq, n_seg, p_max, dtype=index_dtype, device=q.device)
     if p_max == 0:
         return q_perm, kv_perm
     q_mean = _segment_means(q, S).view(B, Hkv, group, n_seg, D)
     kf = k[:, :, :p_max].float()  # [B, Hkv, P_max, D]; fp32 scores, never tf32
-    prefix_t = torch.tensor(prefix, device=q.device)
-    chunks = _sort_chunks(prefix)
-    kv_perm[:, :, : chunks[0][0]] = -1  # segments with an empty prefix
-    for a, b in chunks:
+    groups = _sort_groups(prefix, B * Hq, sort_mode)
+    kv_perm[:, :, : groups[0][0]] = -1  # segments with an empty prefix
+    for a, b in groups:
         width = prefix[b - 1]
         qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
         s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
-        cols = torch.arange(width, device=q.device)
-        beyond = cols >= prefix_t[a:b, None]  # [chunk, width]
-        s_k.masked_fill_(beyond, float("-inf"))
-        idx = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
-        kv_perm[:, :, a:b, :width] = idx.masked_fill_(beyond, -1)
-        kv_perm[:, :, a:b, width:] = -1
+        if b - a > 1:  # shorter prefixes in the group: -inf sorts after every real score
+            cols = torch.arange(width, device=q.device)
+            beyond = cols >= torch.tensor(prefix[a:b], device=q.device)[:, None]
+            s_k.masked_fill_(beyond, float("-inf"))
+        kv_perm[:, :, a:b, :width] = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
+        for n in range(a, b):  # padding: -1 past the prefix
+            kv_perm[:, :, n, prefix[n] :] = -1
     return q_perm, kv_perm
