@@ -21,6 +21,7 @@ import torch
 from ..api import resolve_impl
 from ..stats import AttentionStats, _cdiv, dense_causal_tile_count
 from ..validation import check_choice, check_finite, check_positive_int
+from .registry import Method, register
 
 IMPLS = ("auto", "reference", "triton")
 
@@ -210,3 +211,30 @@ def check_fraction(name: str, value) -> float:
     if value <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return value
+
+
+def register_block_sparse(name, plan_fn, *, defaults, main_knob, check, plan_takes_impl=False):
+    """Register a block-sparse method: ``estimate`` builds its plan, ``attend`` is shared.
+
+    ``plan_fn(q, k, **knobs) -> BlockPlan`` gets every knob but ``impl`` (unless
+    ``plan_takes_impl``, for estimators with a GPU kernel of their own). Raising the main knob
+    (a cumulative-mass threshold or budget) keeps more blocks, so sparsity falls with it.
+    """
+
+    def estimate(q, k, v, *, impl, **knobs):
+        extra = {"impl": impl} if plan_takes_impl else {}
+        return finish_plan(plan_fn(q, k, **extra, **knobs), impl, q.device)
+
+    def attend_plan(q, k, v, plan, *, scale, impl, **_):
+        return attend(q, k, v, plan, scale=scale, impl=impl)
+
+    method = Method(
+        name=name,
+        estimate=estimate,
+        attend=attend_plan,
+        defaults=defaults,
+        main_knob=main_knob,
+        sparsity_increases_with_knob=False,
+        check=check,
+    )
+    return register(method)

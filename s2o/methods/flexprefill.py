@@ -42,18 +42,16 @@ from ..stats import _cdiv
 from ..validation import check_finite, check_positive_int
 from .blocksparse import (
     BlockPlan,
-    attend,
     block_causal,
     check_block_size,
     check_fraction,
     check_impl,
     check_scale,
-    finish_plan,
     grouped_scores,
     mean_pool_tokens,
     rank_select,
+    register_block_sparse,
 )
-from .registry import Method, register
 
 DEFAULTS = {
     "gamma": 0.9,
@@ -195,22 +193,6 @@ def _check(*, gamma, tau, min_budget, max_budget, block_size, scale, impl):
     check_impl(impl)
 
 
-def _estimate(q, k, v, *, impl, **knobs):
-    return finish_plan(flexprefill_plan(q, k, **knobs), impl, q.device)
-
-
-def _attend(q, k, v, plan, *, scale, impl, **_):
-    return attend(q, k, v, plan, scale=scale, impl=impl)
-
-
-FLEXPREFILL = register(
-    Method(
-        name="flexprefill",
-        estimate=_estimate,
-        attend=_attend,
-        defaults=DEFAULTS,
-        main_knob="gamma",
-        sparsity_increases_with_knob=False,
-        check=_check,
-    )
+FLEXPREFILL = register_block_sparse(
+    "flexprefill", flexprefill_plan, defaults=DEFAULTS, main_knob="gamma", check=_check
 )

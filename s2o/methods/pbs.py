@@ -43,17 +43,15 @@ from ..stats import _cdiv
 from ..validation import check_choice, check_positive_int
 from .blocksparse import (
     BlockPlan,
-    attend,
     block_causal,
     check_block_size,
     check_fraction,
     check_impl,
     check_scale,
-    finish_plan,
     grouped_scores,
     pad_len,
+    register_block_sparse,
 )
-from .registry import Method, register
 
 DEFAULTS = {
     "threshold": 0.9,
@@ -152,22 +150,4 @@ def _check(
     check_impl(impl)
 
 
-def _estimate(q, k, v, *, impl, **knobs):
-    return finish_plan(pbs_plan(q, k, **knobs), impl, q.device)
-
-
-def _attend(q, k, v, plan, *, scale, impl, **_):
-    return attend(q, k, v, plan, scale=scale, impl=impl)
-
-
-PBS = register(
-    Method(
-        name="pbs",
-        estimate=_estimate,
-        attend=_attend,
-        defaults=DEFAULTS,
-        main_knob="threshold",
-        sparsity_increases_with_knob=False,
-        check=_check,
-    )
-)
+PBS = register_block_sparse("pbs", pbs_plan, defaults=DEFAULTS, main_knob="threshold", check=_check)

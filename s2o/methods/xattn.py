@@ -42,16 +42,14 @@ from ..stats import _cdiv
 from ..validation import check_finite, check_positive_int
 from .blocksparse import (
     BlockPlan,
-    attend,
     block_causal,
     check_block_size,
     check_fraction,
     check_impl,
     check_scale,
-    finish_plan,
     pad_len,
+    register_block_sparse,
 )
-from .registry import Method, register
 
 DEFAULTS = {
     "threshold": 0.9,
@@ -128,22 +126,11 @@ def _check(*, threshold, stride, block_size, norm, scale, impl):
     check_impl(impl)
 
 
-def _estimate(q, k, v, *, impl, **knobs):
-    return finish_plan(xattn_plan(q, k, impl=impl, **knobs), impl, q.device)
-
-
-def _attend(q, k, v, plan, *, scale, impl, **_):
-    return attend(q, k, v, plan, scale=scale, impl=impl)
-
-
-XATTN = register(
-    Method(
-        name="xattn",
-        estimate=_estimate,
-        attend=_attend,
-        defaults=DEFAULTS,
-        main_knob="threshold",
-        sparsity_increases_with_knob=False,
-        check=_check,
-    )
+XATTN = register_block_sparse(
+    "xattn",
+    xattn_plan,
+    defaults=DEFAULTS,
+    main_knob="threshold",
+    check=_check,
+    plan_takes_impl=True,
 )
