@@ -157,8 +157,12 @@ def s2o_times(q, k, v, perms, S, taus):
     return rec
 
 
-def sweep_chunks(q, k, v, perms, S, taus, chunks=(2, 4, 8, 16)):
-    """Stop-check chunk size vs speed: D (stop logic on, tau=0) and the sparse points."""
+SWEEP = ((4, 0), (8, 0), (16, 0), (32, 0), (2, 1), (4, 2))
+
+
+def sweep_chunks(q, k, v, perms, S, taus, chunks=SWEEP):
+    """Stop-check chunking vs speed: D (stop logic on, tau=0) and the sparse points, for (first
+    chunk, growth per chunk) pairs."""
     L = q.shape[2]
     geo = dict(segment_len=S, local_window=0, block_m=128, block_n=128)
     qp, kvp = perms
@@ -170,9 +174,14 @@ def sweep_chunks(q, k, v, perms, S, taus, chunks=(2, 4, 8, 16)):
         return s2o_pass2(q, k, v, st, qp, kvp, tau=tau, early_stop=early_stop, **geo)
 
     out = {"L": L, "noskip_ms": bench(lambda: two_pass(0.0), L), "chunks": []}
-    for chunk in chunks:
-        set_stop_chunk(chunk)
-        row = {"chunk": chunk, "stoplogic_ms": bench(lambda: two_pass(0.0, True), L), "sparse": []}
+    for chunk, grow in chunks:
+        set_stop_chunk(chunk, grow)
+        row = {
+            "chunk": chunk,
+            "grow": grow,
+            "stoplogic_ms": bench(lambda: two_pass(0.0, True), L),
+            "sparse": [],
+        }
         for tau in taus:
             _, visited = two_pass(tau)
             density = float((visited.double().sum(-1) + p1_tiles).mean()) / dense_tiles
@@ -331,7 +340,7 @@ def markdown(record):
         lines += ["", f"Stop-check chunk sweep at L={sw['L']} (no-skip plain "
                   f"{sw['noskip_ms']:.2f} ms): two-pass kernel ms, D = stop logic on at tau=0; "
                   "ratio = kernel / (density x no-skip plain)", "",
-                  "| chunk | D | D/C | " + " | ".join(f"tau={x['tau']} (d, ms, ratio)"
+                  "| chunk+growth | D | D/C | " + " | ".join(f"tau={x['tau']} (d, ms, ratio)"
                                                     for x in sw["chunks"][0]["sparse"]) + " |",
                   "|---|---|---|" + "---|" * len(sw["chunks"][0]["sparse"])]  # fmt: skip
         for c in sw["chunks"]:
@@ -339,8 +348,8 @@ def markdown(record):
                      f"{x['kernel_ms'] / (x['density'] * sw['noskip_ms']):.2f}"
                      for x in c["sparse"]]  # fmt: skip
             d_over_c = c["stoplogic_ms"] / sw["noskip_ms"]
-            lines.append(f"| {c['chunk']} | {c['stoplogic_ms']:.2f} | {d_over_c:.3f} | "
-                         + " | ".join(cells) + " |")  # fmt: skip
+            lines.append(f"| {c['chunk']}+{c.get('grow', 0)} | {c['stoplogic_ms']:.2f} | "
+                         f"{d_over_c:.3f} | " + " | ".join(cells) + " |")  # fmt: skip
     if record.get("abcd"):
         from benchmarks.abcd import abcd_markdown
 
@@ -400,7 +409,7 @@ def main(argv=None):
               causal=True, segment_len=S, block_m=128, block_n=128, local_window=0),
               "generator": dict(seed=SEED, sink=SINK, heavy=HEAVY, n_heavy=N_HEAVY, local=LOCAL,
                                 background=BACKGROUND, q_sink=Q_SINK),
-              "stop_chunk": attn_mod._STOP_CHUNK["n"],
+              "stop_chunk": dict(attn_mod._STOP_CHUNK),
               "step1_config": {k: str(v) for k, v in step1_mod.STEP1_CONFIG.items()},
               "lengths": [], "sweep": []}  # fmt: skip
     record["copy_tb_s"] = copy_bandwidth()

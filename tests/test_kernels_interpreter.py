@@ -154,8 +154,8 @@ def test_tau_zero_equals_dense_attention(gen):
     assert st.sparsity == 0.0
 
 
-@pytest.mark.parametrize("chunk", [1, 3])
-def test_stop_chunk_boundaries(chunk, gen):
+@pytest.mark.parametrize("chunk,grow", [(1, 0), (3, 0), (1, 2)])
+def test_stop_chunk_boundaries(chunk, grow, gen):
     """Walks of up to 8 tiles cross several stop-check chunks: same decisions and outputs as the
     reference under both stop_tile rules (the default chunk covers the whole walk above); the
     kernels read an int32 kv_perm here."""
@@ -164,7 +164,7 @@ def test_stop_chunk_boundaries(chunk, gen):
     perms = s2o_permutations(q, k, SEG, 0)
     tau = _unambiguous_tau(q, k, v, perms, knobs)
     tol = 2 * _yardstick(q, k, v) + 1e-5
-    set_stop_chunk(chunk)
+    set_stop_chunk(chunk, grow)
     try:
         for variant, qp in (("two_pass", True), ("fused", False)):
             for stop_tile in ("keep", "discard"):

@@ -32,13 +32,15 @@ LOG2E = 1.4426950408889634
 _LAUNCH = {"pass1": None, "pass2": None, "fused": None}
 # tiles per chunk of the early-stop walk: a pipeline refill per chunk vs up to CHUNK - 1 tiles of
 # wasted Q K^T after a stop (benchmarks may override it via set_stop_chunk)
-_STOP_CHUNK_DEFAULT = 8
-_STOP_CHUNK = {"n": _STOP_CHUNK_DEFAULT}
+_STOP_CHUNK_DEFAULT = (8, 0)
+_STOP_CHUNK = {"n": _STOP_CHUNK_DEFAULT[0], "grow": _STOP_CHUNK_DEFAULT[1]}
 
 
-def set_stop_chunk(n: int | None) -> None:
-    """Tiles per stop-check chunk of the early-stop walk (None resets to the default)."""
-    _STOP_CHUNK["n"] = _STOP_CHUNK_DEFAULT if n is None else int(n)
+def set_stop_chunk(n: int | None, grow: int = 0) -> None:
+    """Tiles of the first stop-check chunk of the early-stop walk and the growth per chunk
+    (None resets both to the default)."""
+    n, grow = _STOP_CHUNK_DEFAULT if n is None else (int(n), int(grow))
+    _STOP_CHUNK.update(n=n, grow=grow)
 
 
 def set_launch_config(kernel: str, num_warps: int | None, num_stages: int | None = None) -> None:
@@ -127,20 +129,23 @@ def _ranked_walk(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
-    STOP_CHUNK: tl.constexpr,
+    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr,
 ):  # fmt: skip
     """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits.
 
-    With EARLY_STOP the walk is a ``while`` loop over chunks of STOP_CHUNK tiles with a
-    software-pipelined ``for`` loop inside (Triton pipelines only ``for`` loops, which cannot
-    break). The loads never depend on the stop decision, so the pipeliner can prefetch them; a
-    tile after the stop is *dead*: its columns are all masked (``cols < P * go``), which makes its
-    update the identity (``p = 0``, ``alpha = 1``) and it is not counted. Its ``Q K^T`` is wasted
-    work, at most ``STOP_CHUNK - 1`` tiles per walk.
+    With EARLY_STOP the walk is a ``while`` loop over chunks of tiles with a software-pipelined
+    ``for`` loop inside (Triton pipelines only ``for`` loops, which cannot break); the first
+    chunk has STOP_CHUNK tiles, each next one STOP_GROW more (at most 64), so short walks waste
+    little and long walks refill the pipeline rarely. The loads never depend on the stop decision,
+    so the pipeliner can prefetch them; a tile after the stop is *dead*: its columns are all
+    masked (``cols < P * go``), which makes its update the identity (``p = 0``, ``alpha = 1``),
+    and it is not counted. Its products are wasted work, less than one chunk per walk (an ``if``
+    around them would stop Triton 3.6 from pipelining the loop).
 
     KEEP_STOP (``stop_tile="keep"``, the paper's kernel): every live tile is added, and the
-    per-row gain flags of tile ``j`` are reduced across rows only after tile ``j + 1``'s
-    ``Q K^T`` has been issued (the deferred check), off the path between the two products.
+    per-row gain flags of tile ``j`` are reduced across rows at the start of tile ``j + 1``
+    (the deferred check), while tile ``j``'s asynchronous ``P V`` product is still running,
+    instead of between the two products of one tile.
     Otherwise (``"discard"``) the tile's own flags decide, before ``P V``, whether it is added.
     """
     n_tiles = tl.cdiv(P, BLOCK_N)
@@ -148,20 +153,24 @@ def _ranked_walk(
         visited = n_tiles * 0
         j0 = n_tiles * 0
         go = n_tiles > 0  # the walk is still live
-        gains = row_ok  # row flags of the previous tile (KEEP_STOP: checked one tile late)
         cols0 = tl.arange(0, BLOCK_N)
+        chunk = n_tiles * 0 + STOP_CHUNK
         while go:
-            for c in range(0, tl.minimum(STOP_CHUNK, n_tiles - j0)):
+            # row flags of the previous tile (KEEP_STOP: checked one tile late); carried by the
+            # for loop only (Triton 3.6 fails on an i1 tensor carried by the while loop), the
+            # previous chunk's last flags were folded into ``go`` below
+            gains = row_ok
+            for c in range(0, tl.minimum(chunk, n_tiles - j0)):
                 j = j0 + c
                 k, v, col_ok = _load_kv_tile(
                     K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, BLOCK_N, HEAD_D, GATHER
                 )
+                if KEEP_STOP:  # the previous tile's decision, while its P V is still in flight
+                    go = go & (tl.max(gains.to(tl.int32), 0) > 0)
                 if IEEE:
                     s = tl.dot(q, tl.trans(k), input_precision="ieee")
                 else:
                     s = tl.dot(q, tl.trans(k))
-                if KEEP_STOP:
-                    go = go & (tl.max(gains.to(tl.int32), 0) > 0)
                 lim = P * go.to(tl.int32)  # 0 for a dead tile: every column masked
                 s = tl.where((j * BLOCK_N + cols0 < lim)[None, :], s * qk_scale, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -169,7 +178,7 @@ def _ranked_walk(
                 alpha = tl.math.exp2(m_i - m_new)
                 gain = tl.sum(p, 1)
                 l_old = l_i * alpha
-                gains = (gain >= tau * l_old) & row_ok
+                row_gains = (gain >= tau * l_old) & row_ok
                 visited += go.to(tl.int32)
                 if IEEE:
                     pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -179,15 +188,17 @@ def _ranked_walk(
                     acc = acc * alpha[:, None] + pv
                     l_i = l_old + gain
                     m_i = m_new
+                    gains = row_gains
                 else:
-                    take = go & (tl.max(gains.to(tl.int32), 0) > 0)
+                    take = go & (tl.max(row_gains.to(tl.int32), 0) > 0)
                     acc = tl.where(take, acc * alpha[:, None] + pv, acc)
                     l_i = tl.where(take, l_old + gain, l_i)
                     m_i = tl.where(take, m_new, m_i)
                     go = take
             if KEEP_STOP:
                 go = go & (tl.max(gains.to(tl.int32), 0) > 0)
-            j0 += STOP_CHUNK
+            j0 += chunk
+            chunk = tl.minimum(chunk + STOP_GROW, 64)
             go = go & (j0 < n_tiles)
     else:
         for j in range(0, n_tiles):
@@ -243,7 +254,7 @@ def _s2o_pass2_kernel(
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
     GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
-    STOP_CHUNK: tl.constexpr,
+    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr,
 ):  # fmt: skip
     """Ranked walk with early stop for one query tile of ``Q_perm`` order; scatters the output.
 
@@ -277,6 +288,7 @@ def _s2o_pass2_kernel(
         q, m_i, l_i, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
         KVP + b * stride_pb + h * stride_ph + seg * stride_pn, stride_kl, stride_vl, P, row_ok,
         qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
+        STOP_GROW,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -291,7 +303,7 @@ def _s2o_fused_kernel(
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
-    STOP_CHUNK: tl.constexpr,
+    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -320,7 +332,7 @@ def _s2o_fused_kernel(
     m_i, l_i, acc, visited = _ranked_walk(
         q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
         stride_kl, stride_vl, lo, row_ok, qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER,
-        EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
+        EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK, STOP_GROW,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -392,6 +404,7 @@ def s2o_pass2(
         segment_len, local_window, n_tiles, qk_scale, float(tau), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
+        STOP_GROW=_STOP_CHUNK["grow"],
         **_launch_config("pass2", D, q.device),
     )  # fmt: skip
     return out, visited
@@ -414,6 +427,7 @@ def s2o_fused(
         L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale, float(tau),
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
+        STOP_GROW=_STOP_CHUNK["grow"],
         **_launch_config("fused", D, q.device),
     )  # fmt: skip
     return out, visited
