@@ -33,10 +33,24 @@ def resolve_impl(impl: str, device: torch.device) -> str:
 
 
 def check_s2o_args(
-    *, segment_len, tau, block_m, block_n, local_window, q_perm, variant, scale, stop_tile="keep"
+    *,
+    segment_len,
+    tau,
+    block_m,
+    block_n,
+    local_window,
+    q_perm,
+    variant,
+    scale,
+    stop_tile="keep",
+    walk_budget=None,
 ) -> bool:
     """Validate the S2O knobs; returns the effective ``q_perm``."""
     check_choice("stop_tile", stop_tile, STOP_TILES)
+    if walk_budget is not None and (
+        isinstance(walk_budget, bool) or not isinstance(walk_budget, int) or walk_budget < 0
+    ):
+        raise ValueError(f"walk_budget must be None or an int >= 0, got {walk_budget!r}")
     check_positive_int("segment_len", segment_len)
     check_positive_int("block_m", block_m)
     check_positive_int("block_n", block_n)
@@ -78,6 +92,7 @@ def s2o_attention(
     impl: str = "auto",
     return_stats: bool = False,
     stop_tile: str = "keep",
+    walk_budget: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
     """Causal S2O sparse prefill attention.
 
@@ -98,6 +113,8 @@ def s2o_attention(
             ``.sparsity_per_head`` ``[B, Hq]``).
         stop_tile: ``"keep"`` (the paper's kernel: deferred check, the tile that triggers the stop
             is added) or ``"discard"`` (Alg. 3 as printed). Same decisions and tile counts.
+        walk_budget: at most this many Pass-2 key tiles per query tile (``None``: no cap; ``0``:
+            local window and own segment only).
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     """
@@ -105,11 +122,12 @@ def s2o_attention(
     use_q_perm = check_s2o_args(
         segment_len=segment_len, tau=tau, block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=q_perm, variant=variant, scale=scale,
-        stop_tile=stop_tile,
+        stop_tile=stop_tile, walk_budget=walk_budget,
     )  # fmt: skip
     knobs = dict(
         segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=use_q_perm, scale=scale, stop_tile=stop_tile,
+        walk_budget=walk_budget,
     )  # fmt: skip
     chosen = resolve_impl(impl, q.device)
     if chosen == "reference":

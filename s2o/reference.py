@@ -35,6 +35,8 @@ Definitions (the kernels follow them exactly):
   and visit the same tiles; the triggering tile counts as processed either way, because its
   ``Q K^T`` was computed. ``tau <= 0`` never stops, which makes the output exact dense causal
   attention.
+* **Walk budget.** ``walk_budget`` caps Pass-2 at that many key tiles per query tile (``None``:
+  no cap). ``0`` skips Pass-2 entirely: the "local window only" ablation, with exact tile counts.
 * **Fused variant (appendix algorithm).** No query reordering; Pass-1, local window and the ranked
   walk run back to back on one state. Arithmetically it is Pass-2 with ``q_perm=False``; the fused
   kernel only keeps ``(m, l, acc)`` in registers instead of HBM buffers.
@@ -177,6 +179,7 @@ def s2o_reference(
     scale: float | None = None,
     perms: tuple[torch.Tensor, torch.Tensor] | None = None,
     stop_tile: str = "keep",
+    walk_budget: int | None = None,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention (Step 1 + Pass-1 + Pass-2) in plain PyTorch; inputs are assumed validated.
 
@@ -187,6 +190,7 @@ def s2o_reference(
         perms: ``(q_perm, kv_perm)`` from :func:`s2o_permutations` with the same ``segment_len``
             and ``local_window``; computed here when None.
         stop_tile: ``"keep"`` or ``"discard"`` the key tile that triggers the stop (see above).
+        walk_budget: at most this many Pass-2 key tiles per query tile; ``None``: no cap.
     Returns:
         out ``[B, Hq, L, D]`` in q's dtype, and :class:`AttentionStats` whose ``extra`` holds
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` (key tiles visited per Pass-2 query tile, in
@@ -213,6 +217,8 @@ def s2o_reference(
         state.append(torch.gather(acc, 2, local[..., None].expand(-1, -1, -1, D)))
         q_rows = torch.gather(qf, 2, order[..., None].expand(-1, -1, -1, D))
         prefix = ranked_prefix_len(s, local_window)
+        if walk_budget is not None:
+            prefix = min(prefix, walk_budget * block_n)
         ranked = kv_idx[:, :, n, :prefix]
         walk = (block_m, block_n, tau, scale, stop_tile == "keep")
         visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, *walk))

@@ -49,8 +49,9 @@ def _orders(q, k, b, h, kvh, segs, local_window):
 
 
 def oracle_s2o(
-    q, k, v, *, segment_len, tau, block_m, block_n, local_window=0, q_perm=True, stop_tile="keep"
-):
+    q, k, v, *, segment_len, tau, block_m, block_n, local_window=0, q_perm=True, stop_tile="keep",
+    walk_budget=None,
+):  # fmt: skip
     """Returns ``(out float64 [B,Hq,L,D], visited {(b, h): [tiles per query tile]}, orders)``."""
     B, Hq, L, D = q.shape
     group = Hq // k.shape[1]
@@ -73,7 +74,8 @@ def oracle_s2o(
                     rows = rows_all[a : a + block_m]
                     accepted = {r: list(range(lo, r + 1)) for r in rows}
                     count = 0
-                    for j in range(0, len(kv_order), block_n):
+                    budget = len(kv_order) if walk_budget is None else walk_budget * block_n
+                    for j in range(0, min(len(kv_order), budget), block_n):
                         tile = kv_order[j : j + block_n]
                         count += 1
                         gains = [

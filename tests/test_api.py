@@ -60,6 +60,8 @@ BAD_KNOBS = [
     (dict(variant="fused", q_perm=True), r"fused.*q_perm=True"),
     (dict(q_perm="yes"), r"q_perm must be a bool or None, got 'yes'"),
     (dict(scale=float("nan")), r"scale must be a finite number"),
+    (dict(walk_budget=-1), r"walk_budget must be None or an int >= 0, got -1"),
+    (dict(walk_budget=1.5), r"walk_budget must be None or an int >= 0, got 1.5"),
     (dict(stop_tile="drop"), r"stop_tile='drop' is not one of \['keep', 'discard'\]"),
 ]
 

@@ -180,3 +180,22 @@ def test_stop_chunk_boundaries(chunk, grow, gen):
                 assert err <= tol, f"{variant} {stop_tile}: rel err {err:.3e} > {tol:.3e}"
     finally:
         set_stop_chunk(None)
+
+
+@pytest.mark.parametrize("variant,q_perm", [("two_pass", True), ("fused", False)])
+@pytest.mark.parametrize("budget", [0, 1, 2])
+def test_walk_budget_matches_reference(variant, q_perm, budget, gen):
+    q, k, v = _qkv(1, 2, 1, 100, 16, torch.float16, gen, peak=1.5)
+    knobs = dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, local_window=0, q_perm=q_perm)
+    perms = s2o_permutations(q, k, SEG, 0)
+    tol = 2 * _yardstick(q, k, v) + 1e-5
+    for tau in (0.0, 0.1):
+        kw = dict(tau=tau, perms=perms, walk_budget=budget, **knobs)
+        ref, rst = s2o_reference(q, k, v, **kw)
+        out = torch.full_like(q, float("nan"))
+        out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
+        assert _rel(out, ref) <= tol, f"budget {budget} tau {tau}: {_rel(out, ref):.3e} > {tol:.3e}"
+        assert torch.equal(st.extra["pass2_tiles"], rst.extra["pass2_tiles"])
+        assert torch.equal(st.extra["pass2_tiles_max"], rst.extra["pass2_tiles_max"])
+        assert torch.equal(st.tiles_processed, rst.tiles_processed)
+        assert int(st.extra["pass2_tiles"].max()) <= budget

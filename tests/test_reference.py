@@ -240,3 +240,36 @@ def test_stop_tile_keep_and_discard_make_the_same_decisions():
     err_keep = ((keep.double() - truth) ** 2).mean().item()
     err_drop = ((drop.double() - truth) ** 2).mean().item()
     assert err_keep < err_drop, f"keeping the computed tile should help: {err_keep} vs {err_drop}"
+
+
+@pytest.mark.parametrize("budget", [0, 1, 3])
+def test_walk_budget_matches_oracle(budget):
+    q, k, v = structured_qkv(1, 2, 1, 96, 8, seed=41)
+    knobs = dict(segment_len=32, tau=0.02, block_m=16, block_n=16, walk_budget=budget)
+    out, stats = run_ref(q, k, v, **knobs)
+    want, visited, _ = oracle_s2o(q, k, v, **knobs)
+    for (b, h), tiles in visited.items():
+        assert stats.extra["pass2_tiles"][b, h].tolist() == tiles
+    assert bool((stats.extra["pass2_tiles"] <= budget).all())
+    assert (out.double() - want).abs().max().item() < 2e-5
+
+
+def test_walk_budget_zero_is_local_window_only_with_exact_counts():
+    L, S, W, bm, bn = 256, 64, 32, 32, 16
+    q, k, v = structured_qkv(1, 2, 1, L, 16, seed=4)
+    kw = dict(segment_len=S, tau=0.0, block_m=bm, block_n=bn, local_window=W, walk_budget=0)
+    out, stats = run_ref(q, k, v, **kw)
+    pos = torch.arange(L)
+    lo = (pos // S * S - W).clamp(min=0)
+    allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= lo[:, None])
+    kr, vr = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kr, vr, attn_mask=allowed)
+    assert (out.double() - want).abs().max().item() < 1e-5
+    assert int(stats.extra["pass2_tiles"].sum()) == 0
+    # only the tiles touching allowed (query, key) pairs are computed
+    want_tiles = sum(
+        bool(allowed[a : a + bm, c : c + bn].any())
+        for a in range(0, L, bm)
+        for c in range(0, L, bn)
+    )
+    assert stats.tiles_processed[0, 0].item() == want_tiles

@@ -32,12 +32,16 @@ def pass1_tile_count(seq_len: int, segment_len: int, local_window: int, bm: int,
     return total
 
 
-def pass2_tile_max(seq_len: int, segment_len: int, local_window: int, bm: int, bn: int) -> list:
-    """``ceil(P_n / block_n)`` for every query tile, in segment order."""
+def pass2_tile_max(
+    seq_len: int, segment_len: int, local_window: int, bm: int, bn: int, walk_budget=None
+) -> list:
+    """``ceil(P_n / block_n)`` (capped at ``walk_budget``) for every query tile, segment order."""
     out = []
     for s in range(0, seq_len, segment_len):
         e = min(s + segment_len, seq_len)
-        out += [triton.cdiv(max(0, s - local_window), bn)] * triton.cdiv(e - s, bm)
+        tiles = triton.cdiv(max(0, s - local_window), bn)
+        tiles = tiles if walk_budget is None else min(tiles, walk_budget)
+        out += [tiles] * triton.cdiv(e - s, bm)
     return out
 
 
@@ -57,6 +61,7 @@ def s2o_triton(
     perms: tuple[torch.Tensor, torch.Tensor] | None = None,
     stop_tile: str = "keep",
     out: torch.Tensor | None = None,
+    walk_budget: int | None = None,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention with the Triton kernels; inputs are assumed validated (see ``s2o.api``).
 
@@ -70,6 +75,7 @@ def s2o_triton(
         stop_tile: ``"keep"`` (the paper's kernel, deferred check) or ``"discard"`` the key tile
             that triggers the stop; the decisions and visits are the same.
         out: optional contiguous ``[B, Hq, L, D]`` output buffer (tests pass a NaN-filled one).
+        walk_budget: at most this many Pass-2 key tiles per query tile (``None``: no cap).
     Returns:
         ``out`` ``[B, Hq, L, D]`` and :class:`AttentionStats` with the reference's ``extra``:
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` int64, ``pass2_tiles_max``, ``pass1_tiles``.
@@ -83,13 +89,14 @@ def s2o_triton(
         if q_perm:
             raise ValueError("variant='fused' does not reorder queries: q_perm must be False")
         out, visited = s2o_fused(
-            q, k, v, kvp, tau=tau, scale=scale, stop_tile=stop_tile, out=out, **geo
-        )
+            q, k, v, kvp, tau=tau, scale=scale, stop_tile=stop_tile, out=out,
+            walk_budget=walk_budget, **geo,
+        )  # fmt: skip
     else:
         state = s2o_pass1(q, k, v, scale=scale, **geo)
         out, visited = s2o_pass2(
             q, k, v, state, qp, kvp, tau=tau, scale=scale, use_qperm=bool(q_perm),
-            stop_tile=stop_tile, out=out, **geo,
+            stop_tile=stop_tile, out=out, walk_budget=walk_budget, **geo,
         )  # fmt: skip
     pass1 = pass1_tile_count(L, segment_len, local_window, block_m, block_n)
     pass2 = visited.long()
@@ -101,7 +108,8 @@ def s2o_triton(
         extra={
             "pass2_tiles": pass2,
             "pass2_tiles_max": torch.tensor(
-                pass2_tile_max(L, segment_len, local_window, block_m, block_n), dtype=torch.long
+                pass2_tile_max(L, segment_len, local_window, block_m, block_n, walk_budget),
+                dtype=torch.long,
             ),
             "pass1_tiles": pass1,
         },

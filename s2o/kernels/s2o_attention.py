@@ -252,7 +252,7 @@ def _s2o_pass1_kernel(
 def _s2o_pass2_kernel(
     Q, K, V, O, QP, KVP, M_buf, L_buf, A_buf, VISITED,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
-    stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau,
+    stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
     GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr,
@@ -271,7 +271,7 @@ def _s2o_pass2_kernel(
     a = tile * BLOCK_M
     seg = a // S
     seg_start = seg * S
-    P = tl.maximum(seg_start - W, 0)
+    P = tl.minimum(tl.maximum(seg_start - W, 0), MAX_P)
     slots = a + tl.arange(0, BLOCK_M)
     row_ok = slots < tl.minimum(seg_start + S, L)
     if USE_QPERM:
@@ -301,7 +301,7 @@ def _s2o_pass2_kernel(
 def _s2o_fused_kernel(
     Q, K, V, O, KVP, VISITED,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
-    stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau,
+    stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr,
@@ -332,7 +332,8 @@ def _s2o_fused_kernel(
     )  # fmt: skip
     m_i, l_i, acc, visited = _ranked_walk(
         q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
-        stride_kl, stride_vl, lo, row_ok, qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER,
+        stride_kl, stride_vl, tl.minimum(lo, MAX_P), row_ok, qk_scale, tau, BLOCK_M, BLOCK_N,
+        HEAD_D, GATHER,
         EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK, STOP_GROW,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
@@ -345,6 +346,11 @@ def _keep(stop_tile: str) -> bool:
     if stop_tile not in ("keep", "discard"):
         raise ValueError(f"stop_tile must be 'keep' or 'discard', got {stop_tile!r}")
     return stop_tile == "keep"
+
+
+def _max_prefix(walk_budget: int | None, block_n: int, seq_len: int) -> int:
+    """Longest ranked prefix a walk may visit: ``walk_budget`` tiles, or all of it."""
+    return seq_len if walk_budget is None else min(walk_budget * block_n, seq_len)
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -383,13 +389,15 @@ def s2o_pass1(q, k, v, *, segment_len, local_window, block_m, block_n, scale=Non
 def s2o_pass2(
     q, k, v, state, q_perm, kv_perm, *, segment_len, local_window, block_m, block_n, tau,
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
+    walk_budget=None,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
     ``q_perm`` ``[B, Hq, L]`` and ``kv_perm`` ``[B, Hq, N, P_max]``, int64 or int32 (step 1's
     layout). ``early_stop=None`` means ``tau > 0``; True with ``tau <= 0`` runs the stop-rule
     control flow without ever stopping (overhead decomposition D). ``stop_tile``: ``"keep"`` or
-    ``"discard"`` the tile that triggers the stop (same decisions and visits).
+    ``"discard"`` the tile that triggers the stop (same decisions and visits). ``walk_budget``:
+    at most that many key tiles per query tile (``None``: no cap).
     """
     q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
     B, Hq, L, D = q.shape
@@ -402,7 +410,8 @@ def s2o_pass2(
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
         q, k, v, out, q_perm.contiguous(), kvp, m, l, acc, visited,
         *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp), L, Hq, Hq // k.shape[1],
-        segment_len, local_window, n_tiles, qk_scale, float(tau), BLOCK_M=block_m,
+        segment_len, local_window, n_tiles, qk_scale, float(tau),
+        _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
         STOP_GROW=_STOP_CHUNK["grow"],
@@ -413,7 +422,7 @@ def s2o_pass2(
 
 def s2o_fused(
     q, k, v, kv_perm, *, segment_len, local_window, block_m, block_n, tau, scale=None,
-    gather=True, early_stop=None, stop_tile="keep", out=None,
+    gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None,
 ):  # fmt: skip
     """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`."""
     q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
@@ -426,7 +435,8 @@ def s2o_fused(
     _s2o_fused_kernel[(n_tiles, B * Hq)](
         q, k, v, out, kvp, visited, *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp),
         L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale, float(tau),
-        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop,
+        _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+        GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
         STOP_GROW=_STOP_CHUNK["grow"],
         **_launch_config("fused", D, q.device),

@@ -18,6 +18,7 @@ DEFAULTS = {
     "scale": None,
     "impl": "auto",
     "stop_tile": "keep",
+    "walk_budget": None,
 }
 
 
