@@ -1,0 +1,55 @@
+"""Probe: Pass-2 / fused launch settings (num_warps, num_stages) at 128K, no skipping (tau=0).
+
+    PYTHONPATH=. python3 benchmarks/stages_probe.py [--L 131072]
+
+B=1, Hq=32, Hkv=8, D=128, bf16, S=2048, block 128x128; random inputs (tau=0 computes every tile,
+so the data does not change the work). Prints one line per setting and checks that each setting
+gives the same output as the default.
+"""
+
+import argparse
+
+import torch
+import triton.testing
+
+from s2o.kernels import s2o_step1
+from s2o.kernels.s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--L", type=int, default=131072)
+    args = ap.parse_args()
+    L, geo = args.L, dict(segment_len=2048, local_window=0, block_m=128, block_n=128)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 32, L, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, 8, L, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, 8, L, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    qp, kvp = s2o_step1(q, k, segment_len=2048)
+    state = s2o_pass1(q, k, v, **geo)
+    runs = {
+        "pass2": lambda: s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, **geo)[0],
+        "fused": lambda: s2o_fused(q, k, v, kvp, tau=0.0, **geo)[0],
+    }
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    for name, fn in runs.items():
+        set_launch_config(name, None)
+        want = fn()
+        base = triton.testing.do_bench(fn, warmup=100, rep=1000, return_mode="median")
+        print(f"{name} default: {base:.2f} ms")
+        for warps, stages in [(8, 2), (8, 4), (8, 5), (4, 4)]:
+            set_launch_config(name, warps, stages)
+            try:
+                got = fn()
+                ms = triton.testing.do_bench(fn, warmup=100, rep=1000, return_mode="median")
+            except Exception as err:  # out of shared memory and the like: report, go on
+                print(f"{name} warps={warps} stages={stages}: failed ({type(err).__name__})")
+                continue
+            same = torch.equal(got, want)
+            rel = ms / base
+            print(f"{name} warps={warps} stages={stages}: {ms:.2f} ms ({rel:.3f}x) same={same}")
+        set_launch_config(name, None)
+
+
+if __name__ == "__main__":
+    main()
