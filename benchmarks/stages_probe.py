@@ -1,9 +1,10 @@
-"""Probe: Pass-2 / fused launch settings (num_warps, num_stages) at 128K, no skipping (tau=0).
+"""Probe: Pass-2 / fused launch settings (num_warps, num_stages) at 128K.
 
-    PYTHONPATH=. python3 benchmarks/stages_probe.py [--L 131072]
+    PYTHONPATH=. python3 benchmarks/stages_probe.py [--L 131072] [--sparse]
 
-B=1, Hq=32, Hkv=8, D=128, bf16, S=2048, block 128x128; random inputs (tau=0 computes every tile,
-so the data does not change the work). Prints one line per setting and checks that each setting
+B=1, Hq=32, Hkv=8, D=128, bf16, S=2048, block 128x128. Default: random inputs at tau=0 (every
+tile computed, so the data does not change the work). ``--sparse``: bench_s2o's structured input
+at tau = 0.002, 0.005, 0.02 (early stop). Prints one line per setting and checks that each setting
 gives the same output as the default.
 """
 
@@ -12,6 +13,7 @@ import argparse
 import torch
 import triton.testing
 
+from benchmarks.bench_s2o import structured_qkv
 from s2o.kernels import s2o_step1
 from s2o.kernels.s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config
 
@@ -19,7 +21,10 @@ from s2o.kernels.s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launc
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--L", type=int, default=131072)
+    ap.add_argument("--sparse", action="store_true")
     args = ap.parse_args()
+    if args.sparse:
+        return sparse(args.L)
     L, geo = args.L, dict(segment_len=2048, local_window=0, block_m=128, block_n=128)
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, 32, L, 128, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -49,6 +54,27 @@ def main():
             rel = ms / base
             print(f"{name} warps={warps} stages={stages}: {ms:.2f} ms ({rel:.3f}x) same={same}")
         set_launch_config(name, None)
+
+
+def sparse(L):
+    """Pass-2 with early stop on the structured input: default launch vs 5 stages."""
+    geo = dict(segment_len=2048, local_window=0, block_m=128, block_n=128)
+    q, k, v = structured_qkv(1, 32, 8, L, 128)
+    qp, kvp = s2o_step1(q, k, segment_len=2048)
+    state = s2o_pass1(q, k, v, **geo)
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    for tau in (0.0, 0.002, 0.005, 0.02):
+        times = {}
+        for cfg in (None, (8, 5)):
+            set_launch_config("pass2", *(cfg or (None,)))
+            fn = lambda: s2o_pass2(q, k, v, state, qp, kvp, tau=tau, **geo)  # noqa: E731
+            out, visited = fn()
+            times[cfg] = triton.testing.do_bench(fn, warmup=100, rep=1000, return_mode="median")
+        set_launch_config("pass2", None)
+        density = float(visited.float().mean())
+        ratio = times[(8, 5)] / times[None]
+        print(f"tau={tau}: mean visited {density:.1f} tiles, default {times[None]:.2f} ms, "
+              f"stages=5 {times[(8, 5)]:.2f} ms ({ratio:.3f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":
