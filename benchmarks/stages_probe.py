@@ -67,7 +67,7 @@ def sparse(L):
         times = {}
         for cfg in (None, (8, 5)):
             set_launch_config("pass2", *(cfg or (None,)))
-            fn = lambda: s2o_pass2(q, k, v, state, qp, kvp, tau=tau, **geo)  # noqa: E731
+            fn = lambda tau=tau: s2o_pass2(q, k, v, state, qp, kvp, tau=tau, **geo)  # noqa: E731
             out, visited = fn()
             times[cfg] = triton.testing.do_bench(fn, warmup=100, rep=1000, return_mode="median")
         set_launch_config("pass2", None)
