@@ -20,6 +20,7 @@ Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -49,13 +50,28 @@ def set_launch_config(kernel: str, num_warps: int | None, num_stages: int | None
     _LAUNCH[kernel] = None if num_warps is None else (num_warps, num_stages)
 
 
+# Pass-2 at head_dim 128 with 5 stages keeps more gathered K/V tiles in flight: on an H200 it ran
+# 0.915x (tau=0) to 0.999x (tau=0.02) of the 3-stage time at 128K with the same output
+# (benchmarks/stages_probe.py, results/kernels/stages_probe/). It needs Hopper-class shared memory.
+_PASS2_DEEP_STAGES, _DEEP_SMEM_BYTES = 5, 227 * 1024
+
+
+@functools.cache
+def _smem_per_block(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0))
+
+
 def _launch_config(kernel: str, head_d: int, device: torch.device) -> dict:
     if _LAUNCH[kernel] is not None:
         w, s = _LAUNCH[kernel]
         return {"num_warps": w, "num_stages": s}
     if device.type != "cuda":
         return {}
-    return {"num_warps": 8 if head_d >= 128 else 4, "num_stages": 3 if head_d >= 128 else 2}
+    stages = 3 if head_d >= 128 else 2
+    if kernel == "pass2" and head_d >= 128 and _smem_per_block(device) >= _DEEP_SMEM_BYTES:
+        stages = _PASS2_DEEP_STAGES
+    return {"num_warps": 8 if head_d >= 128 else 4, "num_stages": stages}
 
 
 @triton.jit
