@@ -31,6 +31,17 @@ def assert_dense(out, q, k, v, what=""):
     )
 
 
+def local_only_attention(q, k, v, S, W):
+    """Float64 attention over the local window and the causal part of the own segment only."""
+    L, group = q.shape[2], q.shape[1] // k.shape[1]
+    pos = torch.arange(L)
+    lo = (pos // S * S - W).clamp(min=0)
+    allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= lo[:, None])
+    kr, vr = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kr, vr, attn_mask=allowed)
+    return want, allowed
+
+
 def run_ref(q, k, v, **kw):
     return s2o_attention(q, k, v, impl="reference", return_stats=True, **kw)
 
@@ -168,11 +179,7 @@ def test_huge_tau_keeps_only_window_and_own_segment():
     q, k, v = structured_qkv(1, 2, 1, L, 16, seed=4)
     kw = dict(segment_len=S, tau=1e9, block_m=32, block_n=16, local_window=W, stop_tile="discard")
     out, stats = run_ref(q, k, v, **kw)
-    pos = torch.arange(L)
-    lo = (pos // S * S - W).clamp(min=0)
-    allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= lo[:, None])
-    kr, vr = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
-    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kr, vr, attn_mask=allowed)
+    want, allowed = local_only_attention(q, k, v, S, W)
     assert (out.double() - want).abs().max().item() < 1e-5
     pass2, most = stats.extra["pass2_tiles"], stats.extra["pass2_tiles_max"]
     assert torch.equal(pass2, torch.minimum(most, torch.ones_like(most)).expand_as(pass2))
@@ -259,11 +266,7 @@ def test_walk_budget_zero_is_local_window_only_with_exact_counts():
     q, k, v = structured_qkv(1, 2, 1, L, 16, seed=4)
     kw = dict(segment_len=S, tau=0.0, block_m=bm, block_n=bn, local_window=W, walk_budget=0)
     out, stats = run_ref(q, k, v, **kw)
-    pos = torch.arange(L)
-    lo = (pos // S * S - W).clamp(min=0)
-    allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= lo[:, None])
-    kr, vr = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
-    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kr, vr, attn_mask=allowed)
+    want, allowed = local_only_attention(q, k, v, S, W)
     assert (out.double() - want).abs().max().item() < 1e-5
     assert int(stats.extra["pass2_tiles"].sum()) == 0
     # only the tiles touching allowed (query, key) pairs are computed
