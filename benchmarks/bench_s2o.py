@@ -36,8 +36,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
+from s2o.kernels import s2o_attention as attn_mod
 from s2o.kernels import (
-    pass1_tile_count,
     s2o_fused,
     s2o_pass1,
     s2o_pass2,
@@ -45,8 +45,7 @@ from s2o.kernels import (
     set_launch_config,
     set_stop_chunk,
 )
-from s2o.kernels import s2o_attention as attn_mod
-from s2o.stats import dense_causal_tile_count
+from s2o.stats import dense_causal_tile_count, s2o_pass1_tile_count
 
 step1_mod = importlib.import_module("s2o.kernels.s2o_step1")  # the package re-exports the function
 
@@ -124,7 +123,7 @@ def s2o_times(q, k, v, perms, S, taus):
     state = s2o_pass1(q, k, v, **geo)
     rec = {"pass1_ms": bench(lambda: s2o_pass1(q, k, v, **geo), L)}
     dense_tiles = dense_causal_tile_count(L, 128, 128)
-    p1_tiles = pass1_tile_count(L, S, 0, 128, 128)
+    p1_tiles = s2o_pass1_tile_count(L, S, 0, 128, 128)
 
     def two_pass(tau, early_stop=None, stop_tile="keep"):
         st = s2o_pass1(q, k, v, **geo)
@@ -167,7 +166,7 @@ def sweep_chunks(q, k, v, perms, S, taus, chunks=SWEEP):
     geo = dict(segment_len=S, local_window=0, block_m=128, block_n=128)
     qp, kvp = perms
     dense_tiles = dense_causal_tile_count(L, 128, 128)
-    p1_tiles = pass1_tile_count(L, S, 0, 128, 128)
+    p1_tiles = s2o_pass1_tile_count(L, S, 0, 128, 128)
 
     def two_pass(tau, early_stop=None):
         st = s2o_pass1(q, k, v, **geo)

@@ -51,7 +51,13 @@ import math
 
 import torch
 
-from .stats import AttentionStats, _cdiv, dense_causal_tile_count
+from .stats import (
+    AttentionStats,
+    _cdiv,
+    dense_causal_tile_count,
+    s2o_pass1_tile_count,
+    s2o_pass2_tile_max,
+)
 
 
 def segment_ranges(seq_len: int, segment_len: int) -> list[tuple[int, int]]:
@@ -206,7 +212,7 @@ def s2o_reference(
     kf = k.float().repeat_interleave(group, dim=1)
     vf = v.float().repeat_interleave(group, dim=1)
     out = torch.empty(B, Hq, L, D, dtype=torch.float32, device=q.device)
-    visited, visit_max, pass1_tiles = [], [], 0
+    visited = []
     for n, (s, e) in enumerate(segment_ranges(L, segment_len)):
         m, l, acc = _pass1_state(qf[:, :, s:e], kf, vf, s, local_window, scale)
         order = (
@@ -222,11 +228,12 @@ def s2o_reference(
         ranked = kv_idx[:, :, n, :prefix]
         walk = (block_m, block_n, tau, scale, stop_tile == "keep")
         visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, *walk))
-        visit_max += [_cdiv(prefix, block_n)] * _cdiv(e - s, block_m)
-        pass1_tiles += _pass1_tiles(s, e, local_window, block_m, block_n)
         o = state[2] / state[1][..., None]
         out.scatter_(2, order[..., None].expand(-1, -1, -1, D), o)
     pass2 = torch.cat(visited, dim=-1)
+    geometry = (L, segment_len, local_window, block_m, block_n)
+    pass1_tiles = s2o_pass1_tile_count(*geometry)
+    visit_max = s2o_pass2_tile_max(*geometry, walk_budget)
     stats = AttentionStats(
         tiles_processed=(pass2.sum(dim=-1) + pass1_tiles).double(),
         tiles_dense=dense_causal_tile_count(L, block_m, block_n),
@@ -239,13 +246,3 @@ def s2o_reference(
         },
     )
     return out.to(q.dtype), stats
-
-
-def _pass1_tiles(seg_start, seg_end, local_window, block_m, block_n):
-    """Tiles Pass-1 computes for one segment: window tiles plus causal in-segment tiles."""
-    window = min(local_window, seg_start)
-    total = 0
-    for a in range(seg_start, seg_end, block_m):
-        last_row = min(a + block_m, seg_end) - 1
-        total += _cdiv(window, block_n) + _cdiv(last_row + 1 - seg_start, block_n)
-    return total

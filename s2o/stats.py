@@ -31,6 +31,39 @@ def dense_causal_tile_count(seq_len: int, block_m: int, block_n: int) -> int:
     return total
 
 
+def s2o_pass1_tile_count(
+    seq_len: int, segment_len: int, local_window: int, block_m: int, block_n: int
+) -> int:
+    """Tiles S2O's Pass-1 computes per head: local-window tiles + causal in-segment tiles."""
+    total = 0
+    for s in range(0, seq_len, segment_len):
+        e = min(s + segment_len, seq_len)
+        window = min(local_window, s)
+        for a in range(s, e, block_m):
+            last_row = min(a + block_m, e) - 1
+            total += _cdiv(window, block_n) + _cdiv(last_row + 1 - s, block_n)
+    return total
+
+
+def s2o_pass2_tile_max(
+    seq_len: int,
+    segment_len: int,
+    local_window: int,
+    block_m: int,
+    block_n: int,
+    walk_budget: int | None = None,
+) -> list[int]:
+    """Most key tiles each Pass-2 query tile can visit, ``ceil(P_n / block_n)`` capped at
+    ``walk_budget``, for every query tile in segment order."""
+    out = []
+    for s in range(0, seq_len, segment_len):
+        e = min(s + segment_len, seq_len)
+        tiles = _cdiv(max(0, s - local_window), block_n)
+        tiles = tiles if walk_budget is None else min(tiles, walk_budget)
+        out += [tiles] * _cdiv(e - s, block_m)
+    return out
+
+
 @dataclass
 class AttentionStats:
     """What a sparse-attention call did, in the project-wide units.

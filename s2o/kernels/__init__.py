@@ -8,9 +8,13 @@ Both keep the specification's layouts, so ``s2o_triton(perms=s2o_step1(...))`` a
 from __future__ import annotations
 
 import torch
-import triton
 
-from ..stats import AttentionStats, dense_causal_tile_count
+from ..stats import (
+    AttentionStats,
+    dense_causal_tile_count,
+    s2o_pass1_tile_count,
+    s2o_pass2_tile_max,
+)
 from .s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config, set_stop_chunk
 from .s2o_step1 import s2o_step1
 
@@ -18,31 +22,6 @@ __all__ = [
     "s2o_step1", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused", "set_launch_config",
     "set_stop_chunk",
 ]  # fmt: skip
-
-
-def pass1_tile_count(seq_len: int, segment_len: int, local_window: int, bm: int, bn: int) -> int:
-    """Query-key tiles Pass-1 computes per head: window tiles + causal in-segment tiles."""
-    total = 0
-    for s in range(0, seq_len, segment_len):
-        e = min(s + segment_len, seq_len)
-        window = min(local_window, s)
-        for a in range(s, e, bm):
-            last = min(a + bm, e) - 1
-            total += triton.cdiv(window, bn) + triton.cdiv(last + 1 - s, bn)
-    return total
-
-
-def pass2_tile_max(
-    seq_len: int, segment_len: int, local_window: int, bm: int, bn: int, walk_budget=None
-) -> list:
-    """``ceil(P_n / block_n)`` (capped at ``walk_budget``) for every query tile, segment order."""
-    out = []
-    for s in range(0, seq_len, segment_len):
-        e = min(s + segment_len, seq_len)
-        tiles = triton.cdiv(max(0, s - local_window), bn)
-        tiles = tiles if walk_budget is None else min(tiles, walk_budget)
-        out += [tiles] * triton.cdiv(e - s, bm)
-    return out
 
 
 def s2o_triton(
@@ -98,7 +77,8 @@ def s2o_triton(
             q, k, v, state, qp, kvp, tau=tau, scale=scale, use_qperm=bool(q_perm),
             stop_tile=stop_tile, out=out, walk_budget=walk_budget, **geo,
         )  # fmt: skip
-    pass1 = pass1_tile_count(L, segment_len, local_window, block_m, block_n)
+    geometry = (L, segment_len, local_window, block_m, block_n)
+    pass1 = s2o_pass1_tile_count(*geometry)
     pass2 = visited.long()
     stats = AttentionStats(
         tiles_processed=(pass2.sum(dim=-1) + pass1).double(),
@@ -108,7 +88,7 @@ def s2o_triton(
         extra={
             "pass2_tiles": pass2,
             "pass2_tiles_max": torch.tensor(
-                pass2_tile_max(L, segment_len, local_window, block_m, block_n, walk_budget),
+                s2o_pass2_tile_max(*geometry, walk_budget),
                 dtype=torch.long,
             ),
             "pass1_tiles": pass1,
