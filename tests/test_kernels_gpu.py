@@ -43,13 +43,8 @@ def test_step1_gpu_equals_reference_on_exact_data():
     q, k = q.to(BF16), k.to(BF16)
     for W in (0, 128):
         rqp, rkvp = s2o_permutations(q.cpu(), k.cpu(), 256, W)
-        for dtype, mode in (
-            (torch.int64, "full"),
-            (torch.int32, "full"),
-            (torch.int64, "chunks"),
-            (torch.int64, "bucket"),
-            (torch.int32, "bucket"),
-        ):
+        for dtype, mode in ((torch.int64, "full"), (torch.int32, "full"), (torch.int64, "chunks"),
+                            (torch.int64, "bucket"), (torch.int32, "bucket")):
             qp, kvp = s2o_step1(q, k, segment_len=256, local_window=W, index_dtype=dtype,
                                 sort_mode=mode)  # fmt: skip
             assert kvp.dtype == dtype

@@ -58,5 +58,4 @@ def test_rank_rejects_bad_config():
     scores = torch.zeros(1, 1, 8)
     with pytest.raises(ValueError, match="cap"):
         rank_prefix_chunk(scores, torch.empty(1, 2, 8, dtype=torch.long), first_segment=1,
-                          segment_len=8, local_window=0,
-                          config=dict(cap=8, samples_per_bucket=4))  # fmt: skip
+                          segment_len=8, local_window=0, config=dict(cap=8, samples_per_bucket=4))  # fmt: skip

@@ -6,9 +6,8 @@ with cub's segmented radix sort, which moves fp32 keys plus int64 indices throug
 (~110 B per key measured). This module does the same ranking in three kernels over one chunk of
 segments (a ``[B*Hq, n_segments, width]`` fp32 score rectangle):
 
-1. ``_s2o_rank_samples_kernel``: per row, ``spb`` stratified pseudo-random samples per bucket,
-   sorted; every ``spb``-th sample is a splitter, giving ``nb = cdiv(P_n, E)`` buckets of
-   ~``E`` keys.
+1. ``_s2o_rank_samples_kernel``: per row, ``spb`` stratified pseudo-random samples per bucket, sorted;
+   every ``spb``-th sample is a splitter, giving ``nb = cdiv(P_n, E)`` buckets of ~``E`` keys.
 2. ``_s2o_rank_scatter_kernel``: every key finds its bucket by binary search over the splitters and
    takes a slot with an atomic counter (the order inside a bucket does not matter yet).
 3. ``_s2o_rank_sort_kernel``: every bucket is sorted with ``tl.sort`` (``CAP = 2 E`` slots) and its
@@ -160,8 +159,7 @@ def _rank_overflowed_bucket(row_sc, row_smp, out_row, P, nb, spb, b, start, c, C
             best = tl.sort(tl.minimum(best, key))  # the CAP smallest of both
         valid = best != SENTINEL
         found = tl.sum(valid.to(tl.int32))
-        pos = best.to(tl.int32).to(out_row.dtype.element_ty)  # the low word: the position
-        tl.store(out_row + start + done + i, pos, mask=valid)
+        tl.store(out_row + start + done + i, best.to(tl.int32).to(out_row.dtype.element_ty), mask=valid)
         last = tl.max(tl.where(valid, best, _BELOW))
         done += found
 

@@ -163,9 +163,8 @@ def s2o_step1(
         qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
         s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
         if sort_mode == "bucket":
-            rows = kv_perm.view(B * Hq, n_seg, p_max)
-            rank_prefix_chunk(s_k.view(B * Hq, b - a, width), rows, first_segment=a,
-                              segment_len=S, local_window=local_window)  # fmt: skip
+            rank_prefix_chunk(s_k.view(B * Hq, b - a, width), kv_perm.view(B * Hq, n_seg, p_max),
+                              first_segment=a, segment_len=S, local_window=local_window)  # fmt: skip
             continue
         if b - a > 1:  # shorter prefixes in the group: -inf sorts after every real score
             cols = torch.arange(width, device=q.device)
