@@ -20,8 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .s2o_rank import rank_prefix_chunk
-
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
 # defaults of s2o_step1 (benchmarks compare the alternatives; on an H200 at 128K "full" was slower,
@@ -104,8 +102,6 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
     live = len(prefix) - first
     if live == 0:
         return []
-    if mode not in ("full", "chunks", "bucket"):
-        raise ValueError(f"sort_mode must be 'bucket', 'chunks' or 'full', got {mode!r}")
     if mode == "full" and rows_per_segment < 128:
         per = max(1, 127 // rows_per_segment)
         bounds = list(range(first, len(prefix), per)) + [len(prefix)]
@@ -162,10 +158,6 @@ def s2o_step1(
         width = prefix[b - 1]
         qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
         s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
-        if sort_mode == "bucket":
-            rank_prefix_chunk(s_k.view(B * Hq, b - a, width), kv_perm.view(B * Hq, n_seg, p_max),
-                              first_segment=a, segment_len=S, local_window=local_window)  # fmt: skip
-            continue
         if b - a > 1:  # shorter prefixes in the group: -inf sorts after every real score
             cols = torch.arange(width, device=q.device)
             beyond = cols >= torch.tensor(prefix[a:b], device=q.device)[:, None]
