@@ -4,7 +4,9 @@ Batched over batch, heads and segments: no per-head Python loop and no host sync
 shape follows from ``L``, ``S`` and ``W``). The only Python loop runs over *groups of segments*:
 each group's keys are scored by one fp32 matrix product into a ``[B, Hq, group, P_last]``
 rectangle and ranked by one ``torch.sort`` call (see :func:`_sort_groups` for how the group size
-picks torch's sort algorithm).
+picks torch's sort algorithm). Around the sort, Triton kernels read the queries once (segment
+means and query scores together) and write each sorted group into ``kv_perm`` with its ``-1``
+padding in one pass.
 
 Output layout (the specification's): ``q_perm`` ``[B, Hq, L]`` int64 absolute positions,
 ``kv_perm`` ``[B, Hq, N, P_max]`` ranked prefix per segment padded with ``-1``, int64 or int32
@@ -28,22 +30,45 @@ STEP1_CONFIG = {"index_dtype": torch.int64, "sort_mode": "chunks"}
 
 
 @triton.jit
-def _s2o_qscore_kernel(
-    Q, G, OUT, stride_qb, stride_qh, stride_ql, L, H, GROUP,
+def _s2o_qstats_kernel(
+    Q, G, QMEAN, SQ, stride_qb, stride_qh, stride_ql, L, H, GROUP, S, N,
     BLOCK: tl.constexpr, HEAD_D: tl.constexpr,
 ):  # fmt: skip
-    """``OUT[b, h, l] = <q[b, h, l], g[b, h // GROUP]>`` in fp32 (bf16/fp16 read once, no copy)."""
-    pid = tl.program_id(0)
+    """Program (segment ``n``, ``b * H + h``), one read of the segment's queries:
+    ``QMEAN[b, h, n] = mean(q)`` and ``SQ[b, h, l] = <q[l], g[b, h // GROUP]>``, both fp32."""
+    n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
-    rows = pid * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_D)
-    ok = rows < L
-    q_ptrs = Q + b * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_ql
-    q = tl.load(q_ptrs + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     g = tl.load(G + (b * (H // GROUP) + h // GROUP) * HEAD_D + offs_d)
-    tl.store(OUT + bh * L + rows, tl.sum(q * g[None, :], axis=1), mask=ok)
+    start = n * S
+    end = tl.minimum(start + S, L)
+    base = Q + b * stride_qb + h * stride_qh
+    acc = tl.zeros([HEAD_D], dtype=tl.float32)
+    for r0 in range(start, end, BLOCK):
+        rows = r0 + tl.arange(0, BLOCK)
+        ok = rows < end
+        x = tl.load(base + rows[:, None].to(tl.int64) * stride_ql + offs_d[None, :],
+                    mask=ok[:, None], other=0.0).to(tl.float32)  # fmt: skip
+        acc += tl.sum(x, axis=0)
+        tl.store(SQ + bh * L + rows, tl.sum(x * g[None, :], axis=1), mask=ok)
+    tl.store(QMEAN + (bh * N + n) * HEAD_D + offs_d, acc / (end - start))
+
+
+@triton.jit
+def _s2o_place_kernel(IDX, OUT, n0, nc, N, width, p_max, S, W, BLOCK: tl.constexpr):
+    """Program (column tile, ``bh * nc + j``): row ``n0 + j`` of ``OUT`` ``[BH, N, p_max]`` gets
+    the sorted positions ``IDX[bh, j, :P]`` (``[BH, nc, width]``) and ``-1`` past ``P``."""
+    t = tl.program_id(0)
+    pid = tl.program_id(1)
+    bh = pid // nc
+    j = pid % nc
+    P = tl.maximum((n0 + j) * S - W, 0)
+    cols = t * BLOCK + tl.arange(0, BLOCK)
+    src = tl.load(IDX + pid.to(tl.int64) * width + cols, mask=cols < P, other=-1)
+    dst = OUT + (bh.to(tl.int64) * N + n0 + j) * p_max + cols
+    tl.store(dst, src.to(OUT.dtype.element_ty), mask=cols < p_max)
 
 
 def _segment_means(x: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -60,20 +85,38 @@ def _segment_means(x: torch.Tensor, segment_len: int) -> torch.Tensor:
     return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
 
 
-def _query_scores(q: torch.Tensor, k_guide: torch.Tensor) -> torch.Tensor:
-    """``[B, Hq, L]`` fp32 ``<q, k_guide>`` with ``k_guide`` ``[B, Hkv, D]`` fp32."""
+def _query_stats(q: torch.Tensor, k_guide: torch.Tensor, segment_len: int):
+    """``(q_mean [B, Hq, N, D], s_q [B, Hq, L])`` fp32: segment means and ``<q, k_guide>``
+    (``k_guide`` ``[B, Hkv, D]`` fp32), from one read of ``q`` when its rows are contiguous."""
     B, Hq, L, D = q.shape
+    n_seg = triton.cdiv(L, segment_len)
     if q.stride(-1) != 1 or D & (D - 1):
         kg = k_guide.repeat_interleave(Hq // k_guide.shape[1], dim=1)
-        return torch.einsum("bhld,bhd->bhl", q.float(), kg)
-    out = torch.empty(B, Hq, L, dtype=torch.float32, device=q.device)
-    block = 64
-    grid = (triton.cdiv(L, block), B * Hq)
-    _s2o_qscore_kernel[grid](
-        q, k_guide.contiguous(), out, q.stride(0), q.stride(1), q.stride(2), L, Hq,
-        Hq // k_guide.shape[1], BLOCK=block, HEAD_D=D,
+        return _segment_means(q, segment_len), torch.einsum("bhld,bhd->bhl", q.float(), kg)
+    q_mean = torch.empty(B, Hq, n_seg, D, dtype=torch.float32, device=q.device)
+    s_q = torch.empty(B, Hq, L, dtype=torch.float32, device=q.device)
+    _s2o_qstats_kernel[(n_seg, B * Hq)](
+        q, k_guide.contiguous(), q_mean, s_q, q.stride(0), q.stride(1), q.stride(2), L, Hq,
+        Hq // k_guide.shape[1], segment_len, n_seg, BLOCK=64, HEAD_D=D,
     )  # fmt: skip
-    return out
+    return q_mean, s_q
+
+
+def _rank_chunk(s_k, kv_perm, prefix, a, segment_len, local_window):
+    """Sort chunk ``a..a+nc-1``'s scores ``[B, Hq, nc, width]`` and write its rows of ``kv_perm``.
+
+    Columns past a row's prefix are set to ``-inf`` first (they sort after every real score and
+    are cut off when placing); placing writes the row's ``-1`` padding in the same pass."""
+    B, Hq, nc, width = s_k.shape
+    for j in range(nc):
+        if prefix[a + j] < width:
+            s_k[:, :, j, prefix[a + j] :] = float("-inf")
+    idx = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
+    n_seg, p_max = kv_perm.shape[2], kv_perm.shape[3]
+    block = 1024
+    _s2o_place_kernel[(triton.cdiv(p_max, block), B * Hq * nc)](
+        idx, kv_perm, a, nc, n_seg, width, p_max, segment_len, local_window, BLOCK=block
+    )
 
 
 def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -145,12 +188,13 @@ def s2o_step1(
     sort_mode = STEP1_CONFIG["sort_mode"] if sort_mode is None else sort_mode
 
     k_guide = k[:, :, : min(S, L)].sum(dim=2, dtype=torch.float32) / min(S, L)  # [B, Hkv, D]
-    q_perm = _query_perm(_query_scores(q, k_guide), S)
+    q_mean, s_q = _query_stats(q, k_guide, S)
+    q_perm = _query_perm(s_q, S)
 
     kv_perm = torch.empty(B, Hq, n_seg, p_max, dtype=index_dtype, device=q.device)
     if p_max == 0:
         return q_perm, kv_perm
-    q_mean = _segment_means(q, S).view(B, Hkv, group, n_seg, D)
+    q_mean = q_mean.view(B, Hkv, group, n_seg, D)
     kf = k[:, :, :p_max].float()  # [B, Hkv, P_max, D]; fp32 scores, never tf32
     groups = _sort_groups(prefix, B * Hq, sort_mode)
     kv_perm[:, :, : groups[0][0]] = -1  # segments with an empty prefix
@@ -158,11 +202,5 @@ def s2o_step1(
         width = prefix[b - 1]
         qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
         s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
-        if b - a > 1:  # shorter prefixes in the group: -inf sorts after every real score
-            cols = torch.arange(width, device=q.device)
-            beyond = cols >= torch.tensor(prefix[a:b], device=q.device)[:, None]
-            s_k.masked_fill_(beyond, float("-inf"))
-        kv_perm[:, :, a:b, :width] = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
-        for n in range(a, b):  # padding: -1 past the prefix
-            kv_perm[:, :, n, prefix[n] :] = -1
+        _rank_chunk(s_k, kv_perm, prefix, a, S, local_window)
     return q_perm, kv_perm

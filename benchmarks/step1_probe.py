@@ -1,0 +1,63 @@
+"""Step 1 on the GPU, per kernel: where the time goes (torch.profiler) for each sort grouping and
+``kv_perm`` dtype. Writes ``step1_probe.json`` under ``--out``.
+
+Shape B=1, Hq=32, Hkv=8, D=128, bf16, W=0, the structured synthetic input of ``bench_s2o.py``.
+Usage (GPU machine): ``PYTHONPATH=. python3 benchmarks/step1_probe.py --rev <sha> --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+import torch
+from triton.testing import do_bench
+
+from benchmarks.bench_s2o import environment, structured_qkv
+from s2o.kernels import s2o_step1
+
+CONFIGS = [("chunks", torch.int64), ("chunks", torch.int32), ("full", torch.int64)]
+
+
+def profile(fn, iters=3):
+    """Mean GPU time per call of every kernel name (ms), the 12 largest."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    acc = defaultdict(float)
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", 0) or getattr(ev, "cuda_time_total", 0)
+        if t:
+            acc[ev.key[:80]] += t / 1e3 / iters
+    return dict(sorted(acc.items(), key=lambda kv: -kv[1])[:12])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rev", default=None)
+    ap.add_argument("--out", default="results/kernels/step1_probe")
+    ap.add_argument("--L", type=int, default=131072)
+    args = ap.parse_args()
+    B, Hq, Hkv, D, S = 1, 32, 8, 128, 2048
+    q, k, _ = structured_qkv(B, Hq, Hkv, args.L, D)
+    rec = {"env": environment(args.rev), "L": args.L, "S": S, "shape": [B, Hq, Hkv, D], "rows": []}
+    for mode, dtype in CONFIGS:
+        fn = lambda m=mode, d=dtype: s2o_step1(q, k, segment_len=S, sort_mode=m, index_dtype=d)  # noqa: E731
+        fn()
+        row = {"sort_mode": mode, "index_dtype": str(dtype),
+               "ms": do_bench(fn, warmup=5, rep=50, return_mode="median"),
+               "kernels_ms": profile(fn)}  # fmt: skip
+        print(json.dumps(row), flush=True)
+        rec["rows"].append(row)
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "step1_probe.json"), "w") as f:
+        json.dump(rec, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
