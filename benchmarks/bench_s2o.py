@@ -296,8 +296,11 @@ def markdown(record):
         f"B=1, Hq=32, Hkv=8, D=128, bf16, causal, S=2048, block 128x128, "
         f"input: structured synthetic (seed {SEED}). Median of do_bench, ms. Launch "
         f"(num_warps, num_stages): "
-        + ", ".join(f"{k} {v.get('num_warps')}/{v.get('num_stages')}"
-                    for k, v in record.get("launch", {}).items()) + ".",  # fmt: skip
+        + ", ".join(
+            f"{k} {v.get('num_warps')}/{v.get('num_stages')}"
+            for k, v in record.get("launch", {}).items()
+        )
+        + ".",  # fmt: skip
         "",
         "| L | flash | cuDNN | Step1 S=2048 | kernel tau<=0 | total tau<=0 | total/flash "
         "| tau | density | kernel | kernel/(d x no-skip) | kernel discard | total "
