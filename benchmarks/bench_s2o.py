@@ -300,7 +300,7 @@ def markdown(record):
             f"{k} {v.get('num_warps')}/{v.get('num_stages')}"
             for k, v in record.get("launch", {}).items()
         )
-        + ".",  # fmt: skip
+        + ".",
         "",
         "| L | flash | cuDNN | Step1 S=2048 | kernel tau<=0 | total tau<=0 | total/flash "
         "| tau | density | kernel | kernel/(d x no-skip) | kernel discard | total "
