@@ -62,14 +62,17 @@ def _smem_per_block(device: torch.device) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 0))
 
 
-def _launch_config(kernel: str, head_d: int, device: torch.device) -> dict:
+def _launch_config(kernel: str, head_d: int, device: torch.device, gather: bool = True) -> dict:
     if _LAUNCH[kernel] is not None:
         w, s = _LAUNCH[kernel]
         return {"num_warps": w, "num_stages": s}
     if device.type != "cuda":
         return {}
     stages = 3 if head_d >= 128 else 2
-    if kernel == "pass2" and head_d >= 128 and _smem_per_block(device) >= _DEEP_SMEM_BYTES:
+    # only the gathered walk: contiguous K/V tiles (gather=False, the ABCD baseline) are staged in
+    # shared memory and need 352 KB at 5 stages (H200 limit: 227 KB)
+    deep = gather and _smem_per_block(device) >= _DEEP_SMEM_BYTES
+    if kernel == "pass2" and head_d >= 128 and deep:
         stages = _PASS2_DEEP_STAGES
     return {"num_warps": 8 if head_d >= 128 else 4, "num_stages": stages}
 
@@ -431,7 +434,7 @@ def s2o_pass2(
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
         STOP_GROW=_STOP_CHUNK["grow"],
-        **_launch_config("pass2", D, q.device),
+        **_launch_config("pass2", D, q.device, gather),
     )  # fmt: skip
     return out, visited
 
