@@ -419,6 +419,11 @@ def main(argv=None):
     ap.add_argument("--taus", default="0.002,0.005,0.02")
     ap.add_argument("--abcd", action="store_true")
     ap.add_argument("--sweep", default="", help="lengths for the stop-check chunk sweep")
+    ap.add_argument(
+        "--sweep-chunks",
+        default="",
+        help="(first chunk:growth) pairs of the sweep, e.g. 1:1,2:1 (default: SWEEP)",
+    )
     ap.add_argument("--step1-breakdown", type=int, default=0, help="L for the Step-1 breakdown")
     ap.add_argument(
         "--tune",
@@ -455,7 +460,9 @@ def main(argv=None):
     for L in [int(x) for x in args.sweep.split(",") if x]:
         torch.cuda.empty_cache()
         q, k, v = structured_qkv(B, Hq, Hkv, L, D)
-        record["sweep"].append(sweep_chunks(q, k, v, s2o_step1(q, k, segment_len=S), S, taus))
+        pairs = [tuple(int(x) for x in p.split(":")) for p in args.sweep_chunks.split(",") if p]
+        perms = s2o_step1(q, k, segment_len=S)
+        record["sweep"].append(sweep_chunks(q, k, v, perms, S, taus, tuple(pairs) or SWEEP))
         del q, k, v
         save(record, args.out)
     for L in lengths:
