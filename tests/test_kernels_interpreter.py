@@ -88,6 +88,19 @@ def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, dtype, mode, gen)
     assert torch.equal(kvp, rkvp), f"kv_perm differs at {(kvp != rkvp).nonzero()[:5].tolist()}"
 
 
+@pytest.mark.parametrize("layout", ["bshd", "head_dim_24"])
+def test_step1_query_statistics_layouts(layout, gen):
+    """The query-statistics kernel on a [B, L, H, D]-strided q, and the PyTorch path that a
+    non-power-of-two head_dim takes: the same indices as the reference."""
+    D = 24 if layout == "head_dim_24" else 16
+    q, k = _exact((1, 4, 100, D), gen), _exact((1, 2, 100, D), gen)
+    if layout == "bshd":
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    qp, kvp = s2o_step1(q, k, segment_len=32, local_window=8)
+    rqp, rkvp = s2o_permutations(q, k, 32, 8)
+    assert torch.equal(qp, rqp) and torch.equal(kvp, rkvp)
+
+
 CASES = [
     # dtype, variant, q_perm, B, Hq, Hkv, L, D, W
     (torch.float16, "two_pass", True, 1, 4, 2, 100, 16, 0),
