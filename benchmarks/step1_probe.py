@@ -18,7 +18,8 @@ from triton.testing import do_bench
 from benchmarks.bench_s2o import environment, structured_qkv
 from s2o.kernels import s2o_step1
 
-CONFIGS = [("chunks", torch.int64), ("chunks", torch.int32), ("full", torch.int64)]
+CONFIGS = [("chunks", torch.int64), ("chunks", torch.int32), ("full", torch.int64),
+           ("cub", torch.int64), ("cub", torch.int32)]  # fmt: skip
 
 
 def profile(fn, iters=3):
@@ -54,6 +55,13 @@ def main():
         print(json.dumps(row), flush=True)
         rec["rows"].append(row)
         torch.cuda.empty_cache()
+    rec["by_S"] = {}  # Step 1 by segment length, per sort mode (int64 kv_perm)
+    for s in (512, 1024, 2048, 4096):
+        for mode in ("chunks", "cub"):
+            fn = lambda s=s, m=mode: s2o_step1(q, k, segment_len=s, sort_mode=m)  # noqa: E731
+            rec["by_S"][f"{mode} S={s}"] = do_bench(fn, warmup=3, rep=30, return_mode="median")
+            torch.cuda.empty_cache()
+    print(json.dumps(rec["by_S"]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "step1_probe.json"), "w") as f:
         json.dump(rec, f, indent=1)

@@ -43,7 +43,9 @@ def test_step1_gpu_equals_reference_on_exact_data():
     q, k = q.to(BF16), k.to(BF16)
     for W in (0, 128):
         rqp, rkvp = s2o_permutations(q.cpu(), k.cpu(), 256, W)
-        for dtype, mode in ((torch.int64, "full"), (torch.int32, "full"), (torch.int64, "chunks")):
+        modes = ((torch.int64, "full"), (torch.int32, "full"), (torch.int64, "chunks"),
+                 (torch.int32, "cub"))  # fmt: skip
+        for dtype, mode in modes:
             qp, kvp = s2o_step1(q, k, segment_len=256, local_window=W, index_dtype=dtype,
                                 sort_mode=mode)  # fmt: skip
             assert kvp.dtype == dtype
@@ -67,6 +69,18 @@ def test_step1_gpu_long_is_a_ranking():
     assert bool((s[1:] <= s[:-1] + 1e-4 * s.abs().max()).all()), "kv_perm is not descending"
     seg = qp[0, 3, n * S : (n + 1) * S]
     assert torch.equal(seg.sort().values, torch.arange(n * S, (n + 1) * S).cuda())
+
+
+@pytest.mark.parametrize("L,S,W", [(32768, 2048, 0), (131072, 2048, 0), (20000, 512, 300)])
+def test_step1_gpu_cub_equals_torch_sort(L, S, W):
+    """CUB's radix sort over packed (row, score) keys and torch.sort rank the same fp32 scores:
+    identical kv_perm, bit for bit, at scale."""
+    q, k, _ = _qkv(1, 32, 8, L, 128, seed=2)
+    qa, ka = s2o_step1(q, k, segment_len=S, local_window=W, sort_mode="cub")
+    qb, kb = s2o_step1(q, k, segment_len=S, local_window=W, sort_mode="chunks")
+    assert torch.equal(qa, qb)
+    diff = (ka != kb).nonzero()
+    assert diff.numel() == 0, f"{len(diff)} positions differ, first {diff[:5].tolist()}"
 
 
 @pytest.mark.parametrize("variant,q_perm", [("two_pass", True), ("fused", False)])

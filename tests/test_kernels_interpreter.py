@@ -76,7 +76,11 @@ def _unambiguous_tau(q, k, v, perms, knobs, candidates=(0.02, 0.1, 0.3, 1.0, 3.0
         (1, 64, 8, 96, 16, 32, 0),  # 64 rows per segment: "full" sorts one segment per call
     ],
 )
-@pytest.mark.parametrize("dtype,mode", [(torch.int64, "full"), (torch.int32, "chunks")])
+# "cub" on CPU tensors sorts its packed keys with torch.sort: this checks the key packing and
+# placing kernels; the CUB sort itself is checked on the GPU
+@pytest.mark.parametrize(
+    "dtype,mode", [(torch.int64, "full"), (torch.int32, "chunks"), (torch.int32, "cub")]
+)
 def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, dtype, mode, gen):
     q, k = _exact((B, Hq, L, D), gen), _exact((B, Hkv, L, D), gen)
     qp, kvp = s2o_step1(q, k, segment_len=S, local_window=W, index_dtype=dtype, sort_mode=mode)
@@ -99,6 +103,25 @@ def test_step1_query_statistics_layouts(layout, gen):
     qp, kvp = s2o_step1(q, k, segment_len=32, local_window=8)
     rqp, rkvp = s2o_permutations(q, k, 32, 8)
     assert torch.equal(qp, rqp) and torch.equal(kvp, rkvp)
+
+
+def test_step1_cub_keys_order_special_values(gen):
+    """The packed keys of sort_mode="cub" order +-0, +-inf, NaN, tiny values and ties as
+    torch.sort(descending=True, stable=True) does."""
+    from s2o.kernels.s2o_step1 import _rank_chunk
+
+    B, Hq, N, S = 1, 2, 4, 16
+    prefix = [n * S for n in range(N)]
+    scores = torch.randint(-3, 4, (B, Hq, N - 1, prefix[-1]), generator=gen).float()
+    nan = float("nan")
+    special = [0.0, -0.0, float("inf"), float("-inf"), nan, -nan, 1e-38, -1e-38]
+    scores.view(-1)[torch.randperm(scores.numel(), generator=gen)[:24]] = torch.tensor(special * 3)
+    out = {}
+    for mode in ("chunks", "cub"):
+        kv = torch.empty(B, Hq, N, prefix[-1], dtype=torch.long)
+        _rank_chunk(scores.clone(), kv, prefix, 1, S, 0, mode)
+        out[mode] = kv[:, :, 1:]
+    assert torch.equal(out["cub"], out["chunks"])
 
 
 CASES = [

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .cub_sort import sort_pairs
+
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
 # defaults of s2o_step1 (benchmarks compare the alternatives; on an H200 at 128K "full" was slower,
@@ -57,18 +59,60 @@ def _s2o_qstats_kernel(
 
 
 @triton.jit
-def _s2o_place_kernel(IDX, OUT, n0, nc, N, width, p_max, S, W, BLOCK: tl.constexpr):
+def _chunk_row_start(n0, j, S, W):
+    """Keys of the chunk's segments ``n0 .. n0 + j - 1`` (one head): ``sum max(0, n*S - W)``."""
+    acc = (n0 * 0).to(tl.int64)
+    for i in range(0, j):
+        acc += tl.maximum((n0 + i) * S - W, 0)
+    return acc
+
+
+@triton.jit
+def _s2o_place_kernel(
+    IDX, OUT, n0, nc, N, width, p_max, S, W, head_keys,
+    BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+):  # fmt: skip
     """Program (column tile, ``bh * nc + j``): row ``n0 + j`` of ``OUT`` ``[BH, N, p_max]`` gets
-    the sorted positions ``IDX[bh, j, :P]`` (``[BH, nc, width]``) and ``-1`` past ``P``."""
+    the sorted positions of that row and ``-1`` past ``P``. ``IDX`` is ``[BH, nc, width]``, or with
+    COMPACT the rows back to back (``head_keys`` per head, see :func:`_chunk_row_start`)."""
     t = tl.program_id(0)
     pid = tl.program_id(1)
     bh = pid // nc
     j = pid % nc
     P = tl.maximum((n0 + j) * S - W, 0)
     cols = t * BLOCK + tl.arange(0, BLOCK)
-    src = tl.load(IDX + pid.to(tl.int64) * width + cols, mask=cols < P, other=-1)
+    if COMPACT:
+        src_row = IDX + bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W)
+    else:
+        src_row = IDX + pid.to(tl.int64) * width
+    src = tl.load(src_row + cols, mask=cols < P, other=-1)
     dst = OUT + (bh.to(tl.int64) * N + n0 + j) * p_max + cols
     tl.store(dst, src.to(OUT.dtype.element_ty), mask=cols < p_max)
+
+
+@triton.jit
+def _s2o_cub_keys_kernel(
+    SC, KEYS, VALS, stride_sbh, stride_sn, n0, nc, S, W, head_keys, BLOCK: tl.constexpr
+):  # fmt: skip
+    """Program (column tile, ``bh * nc + j``): for key ``c < P`` of row ``bh * nc + j`` the uint64
+    ``row << 32 | u`` (``u`` ascending = fp32 score descending, ``-0.0`` as ``+0.0``, NaN first) and
+    the int32 position ``c``, back to back per row (COMPACT layout of the place kernel)."""
+    t = tl.program_id(0)
+    pid = tl.program_id(1)
+    bh = pid // nc
+    j = pid % nc
+    P = tl.maximum((n0 + j) * S - W, 0)
+    cols = t * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < P
+    score = tl.load(SC + bh.to(tl.int64) * stride_sbh + j * stride_sn + cols, mask=ok, other=0.0)
+    b = score.to(tl.int32, bitcast=True)
+    asc = tl.where(b < 0, b ^ 0x7FFFFFFF, b)  # order-preserving map of fp32 bits onto int32
+    asc = tl.where((b & 0x7FFFFFFF) == 0, 0, asc)
+    asc = tl.where(score != score, 2147483647, asc)
+    u = 2147483647 - asc.to(tl.int64)  # descending, on [0, 2**32)
+    dst = bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W) + cols
+    tl.store(KEYS + dst, (pid.to(tl.int64) << 32) | u, mask=ok)
+    tl.store(VALS + dst, cols, mask=ok)
 
 
 def _segment_means(x: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -102,21 +146,35 @@ def _query_stats(q: torch.Tensor, k_guide: torch.Tensor, segment_len: int):
     return q_mean, s_q
 
 
-def _rank_chunk(s_k, kv_perm, prefix, a, segment_len, local_window):
-    """Sort chunk ``a..a+nc-1``'s scores ``[B, Hq, nc, width]`` and write its rows of ``kv_perm``.
+def _rank_chunk(s_k, kv_perm, prefix, a, segment_len, local_window, sort_mode):
+    """Sort chunk ``a..a+nc-1``'s scores ``[B, Hq, nc, width]`` and write its rows of ``kv_perm``
+    (the placing kernel writes each row's ``-1`` padding in the same pass).
 
-    Columns past a row's prefix are set to ``-inf`` first (they sort after every real score and
-    are cut off when placing); placing writes the row's ``-1`` padding in the same pass."""
+    ``torch.sort``: columns past a row's prefix are set to ``-inf`` first (they sort after every
+    real score and are cut off when placing). ``"cub"``: the valid keys are packed with their row
+    into uint64 and sorted once over ``32 + log2(rows)`` bits with int32 positions."""
     B, Hq, nc, width = s_k.shape
+    n_seg, p_max = kv_perm.shape[2], kv_perm.shape[3]
+    block = 1024
+    grid = (triton.cdiv(p_max, block), B * Hq * nc)
+    geo = (a, nc, n_seg, width, p_max, segment_len, local_window)
+    if sort_mode == "cub":
+        head_keys = sum(prefix[a : a + nc])
+        keys = torch.empty(B * Hq * head_keys, dtype=torch.int64, device=s_k.device)
+        vals = torch.empty(B * Hq * head_keys, dtype=torch.int32, device=s_k.device)
+        _s2o_cub_keys_kernel[(triton.cdiv(width, block), B * Hq * nc)](
+            s_k, keys, vals, s_k.stride(1), s_k.stride(2), a, nc, segment_len, local_window,
+            head_keys, BLOCK=block,
+        )  # fmt: skip
+        end_bit = 32 + max(1, (B * Hq * nc - 1).bit_length())
+        idx = sort_pairs(keys, vals, end_bit)
+        _s2o_place_kernel[grid](idx, kv_perm, *geo, head_keys, BLOCK=block, COMPACT=True)
+        return
     for j in range(nc):
         if prefix[a + j] < width:
             s_k[:, :, j, prefix[a + j] :] = float("-inf")
     idx = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
-    n_seg, p_max = kv_perm.shape[2], kv_perm.shape[3]
-    block = 1024
-    _s2o_place_kernel[(triton.cdiv(p_max, block), B * Hq * nc)](
-        idx, kv_perm, a, nc, n_seg, width, p_max, segment_len, local_window, BLOCK=block
-    )
+    _s2o_place_kernel[grid](idx, kv_perm, *geo, 0, BLOCK=block, COMPACT=False)
 
 
 def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -145,6 +203,8 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
     live = len(prefix) - first
     if live == 0:
         return []
+    if mode not in ("chunks", "full", "cub"):
+        raise ValueError(f"sort_mode must be 'chunks', 'full' or 'cub', got {mode!r}")
     if mode == "full" and rows_per_segment < 128:
         per = max(1, 127 // rows_per_segment)
         bounds = list(range(first, len(prefix), per)) + [len(prefix)]
@@ -202,5 +262,5 @@ def s2o_step1(
         width = prefix[b - 1]
         qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
         s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
-        _rank_chunk(s_k, kv_perm, prefix, a, S, local_window)
+        _rank_chunk(s_k, kv_perm, prefix, a, S, local_window, sort_mode)
     return q_perm, kv_perm
