@@ -61,9 +61,9 @@ def _s2o_qstats_kernel(
 @triton.jit
 def _chunk_row_start(n0, j, S, W):
     """Keys of the chunk's segments ``n0 .. n0 + j - 1`` (one head): ``sum max(0, n*S - W)``."""
-    acc = (n0 * 0).to(tl.int64)
+    acc = tl.full([], 0, tl.int64)  # not derived from n0: Triton passes an int 1 as a constexpr
     for i in range(0, j):
-        acc += tl.maximum((n0 + i) * S - W, 0)
+        acc += tl.maximum((n0 + i) * S - W, 0).to(tl.int64)
     return acc
 
 
