@@ -19,7 +19,8 @@ from benchmarks.bench_s2o import environment, structured_qkv
 from s2o.kernels import s2o_step1
 
 CONFIGS = [("chunks", torch.int64), ("chunks", torch.int32), ("full", torch.int64),
-           ("cub", torch.int64), ("cub", torch.int32)]  # fmt: skip
+           ("cub", torch.int64), ("cub", torch.int32), ("cub_segradix", torch.int32),
+           ("cub_segsort", torch.int32)]  # fmt: skip
 
 
 def profile(fn, iters=3):
@@ -46,12 +47,13 @@ def main():
     B, Hq, Hkv, D, S = 1, 32, 8, 128, 2048
     q, k, _ = structured_qkv(B, Hq, Hkv, args.L, D)
     rec = {"env": environment(args.rev), "L": args.L, "S": S, "shape": [B, Hq, Hkv, D], "rows": []}
+    ref = s2o_step1(q, k, segment_len=S)[1]
     for mode, dtype in CONFIGS:
         fn = lambda m=mode, d=dtype: s2o_step1(q, k, segment_len=S, sort_mode=m, index_dtype=d)  # noqa: E731
         fn()
         row = {"sort_mode": mode, "index_dtype": str(dtype),
                "ms": do_bench(fn, warmup=5, rep=50, return_mode="median"),
-               "kernels_ms": profile(fn)}  # fmt: skip
+               "kernels_ms": profile(fn), "equal": torch.equal(fn()[1].long(), ref)}  # fmt: skip
         print(json.dumps(row), flush=True)
         rec["rows"].append(row)
         torch.cuda.empty_cache()

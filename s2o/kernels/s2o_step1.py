@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .cub_sort import sort_pairs
+from .cub_sort import sort_pairs, sort_segments
 
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
@@ -92,7 +92,8 @@ def _s2o_place_kernel(
 
 @triton.jit
 def _s2o_cub_keys_kernel(
-    SC, KEYS, VALS, stride_sbh, stride_sn, n0, nc, S, W, head_keys, BLOCK: tl.constexpr
+    SC, KEYS, VALS, stride_sbh, stride_sn, n0, nc, S, W, head_keys, BLOCK: tl.constexpr,
+    WITH_ROW: tl.constexpr,
 ):  # fmt: skip
     """Program (column tile, ``bh * nc + j``): for key ``c < P`` of row ``bh * nc + j`` the uint64
     ``row << 32 | u`` (``u`` ascending = fp32 score descending, ``-0.0`` as ``+0.0``, NaN first) and
@@ -111,7 +112,10 @@ def _s2o_cub_keys_kernel(
     asc = tl.where(score != score, 2147483647, asc)
     u = 2147483647 - asc.to(tl.int64)  # descending, on [0, 2**32)
     dst = bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W) + cols
-    tl.store(KEYS + dst, (pid.to(tl.int64) << 32) | u, mask=ok)
+    if WITH_ROW:
+        tl.store(KEYS + dst, (pid.to(tl.int64) << 32) | u, mask=ok)
+    else:  # the low 32 bits (uint32 stored as int32) for a segmented sort
+        tl.store(KEYS + dst, u.to(tl.int32), mask=ok)
     tl.store(VALS + dst, cols, mask=ok)
 
 
@@ -158,16 +162,26 @@ def _rank_chunk(s_k, kv_perm, prefix, a, segment_len, local_window, sort_mode):
     block = 1024
     grid = (triton.cdiv(p_max, block), B * Hq * nc)
     geo = (a, nc, n_seg, width, p_max, segment_len, local_window)
-    if sort_mode == "cub":
+    if sort_mode.startswith("cub"):
         head_keys = sum(prefix[a : a + nc])
-        keys = torch.empty(B * Hq * head_keys, dtype=torch.int64, device=s_k.device)
+        with_row = sort_mode == "cub"
+        kdt = torch.int64 if with_row else torch.int32
+        keys = torch.empty(B * Hq * head_keys, dtype=kdt, device=s_k.device)
         vals = torch.empty(B * Hq * head_keys, dtype=torch.int32, device=s_k.device)
         _s2o_cub_keys_kernel[(triton.cdiv(width, block), B * Hq * nc)](
             s_k, keys, vals, s_k.stride(1), s_k.stride(2), a, nc, segment_len, local_window,
-            head_keys, BLOCK=block,
+            head_keys, BLOCK=block, WITH_ROW=with_row,
         )  # fmt: skip
-        end_bit = 32 + max(1, (B * Hq * nc - 1).bit_length())
-        idx = sort_pairs(keys, vals, end_bit)
+        if with_row:
+            idx = sort_pairs(keys, vals, 32 + max(1, (B * Hq * nc - 1).bit_length()))
+        else:
+            starts = [0]
+            for p in prefix[a : a + nc]:
+                starts.append(starts[-1] + p)
+            row0 = torch.tensor(starts[:-1], device=s_k.device)
+            offs = torch.arange(B * Hq, device=s_k.device)[:, None] * head_keys + row0[None, :]
+            offs = torch.cat([offs.flatten(), offs.new_full((1,), B * Hq * head_keys)])
+            idx = sort_segments(keys, vals, offs, 0 if sort_mode == "cub_segradix" else 1)
         _s2o_place_kernel[grid](idx, kv_perm, *geo, head_keys, BLOCK=block, COMPACT=True)
         return
     for j in range(nc):
@@ -203,7 +217,7 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
     live = len(prefix) - first
     if live == 0:
         return []
-    if mode not in ("chunks", "full", "cub"):
+    if mode not in ("chunks", "full", "cub", "cub_segradix", "cub_segsort"):
         raise ValueError(f"sort_mode must be 'chunks', 'full' or 'cub', got {mode!r}")
     if mode == "full" and rows_per_segment < 128:
         per = max(1, 127 // rows_per_segment)
