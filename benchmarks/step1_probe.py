@@ -19,8 +19,7 @@ from benchmarks.bench_s2o import environment, structured_qkv
 from s2o.kernels import s2o_step1
 
 CONFIGS = [("chunks", torch.int64), ("chunks", torch.int32), ("full", torch.int64),
-           ("cub", torch.int64), ("cub", torch.int32), ("cub_segradix", torch.int32),
-           ("cub_segsort", torch.int32)]  # fmt: skip
+           ("cub", torch.int64), ("cub", torch.int32)]  # fmt: skip
 
 
 def profile(fn, iters=3):

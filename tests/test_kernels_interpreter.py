@@ -124,6 +124,13 @@ def test_step1_cub_keys_order_special_values(gen):
     assert torch.equal(out["cub"], out["chunks"])
 
 
+def test_step1_cub_rejects_too_many_bits():
+    from s2o.kernels.cub_sort import rank_rows
+
+    with pytest.raises(ValueError, match="25 \\+ 8"):
+        rank_rows(torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32), 25, 8)
+
+
 CASES = [
     # dtype, variant, q_perm, B, Hq, Hkv, L, D, W
     (torch.float16, "two_pass", True, 1, 4, 2, 100, 16, 0),

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .cub_sort import sort_pairs, sort_segments
+from .cub_sort import rank_rows
 
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
@@ -69,12 +69,13 @@ def _chunk_row_start(n0, j, S, W):
 
 @triton.jit
 def _s2o_place_kernel(
-    IDX, OUT, n0, nc, N, width, p_max, S, W, head_keys,
+    IDX, OUT, n0, nc, N, width, p_max, S, W, head_keys, pos_bits,
     BLOCK: tl.constexpr, COMPACT: tl.constexpr,
 ):  # fmt: skip
     """Program (column tile, ``bh * nc + j``): row ``n0 + j`` of ``OUT`` ``[BH, N, p_max]`` gets
     the sorted positions of that row and ``-1`` past ``P``. ``IDX`` is ``[BH, nc, width]``, or with
-    COMPACT the rows back to back (``head_keys`` per head, see :func:`_chunk_row_start`)."""
+    COMPACT the rows back to back (``head_keys`` per head, see :func:`_chunk_row_start`) holding
+    ``row << pos_bits | position``."""
     t = tl.program_id(0)
     pid = tl.program_id(1)
     bh = pid // nc
@@ -86,18 +87,21 @@ def _s2o_place_kernel(
     else:
         src_row = IDX + pid.to(tl.int64) * width
     src = tl.load(src_row + cols, mask=cols < P, other=-1)
+    if COMPACT:
+        src = tl.where(cols < P, src & ((1 << pos_bits) - 1), -1)
     dst = OUT + (bh.to(tl.int64) * N + n0 + j) * p_max + cols
     tl.store(dst, src.to(OUT.dtype.element_ty), mask=cols < p_max)
 
 
 @triton.jit
 def _s2o_cub_keys_kernel(
-    SC, KEYS, VALS, stride_sbh, stride_sn, n0, nc, S, W, head_keys, BLOCK: tl.constexpr,
-    WITH_ROW: tl.constexpr,
+    SC, KEYS, VALS, stride_sbh, stride_sn, n0, nc, S, W, head_keys, pos_bits,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Program (column tile, ``bh * nc + j``): for key ``c < P`` of row ``bh * nc + j`` the uint64
-    ``row << 32 | u`` (``u`` ascending = fp32 score descending, ``-0.0`` as ``+0.0``, NaN first) and
-    the int32 position ``c``, back to back per row (COMPACT layout of the place kernel)."""
+    """Program (column tile, ``bh * nc + j``): for key ``c < P`` of row ``r = bh * nc + j`` the
+    uint32 ``u`` (ascending = fp32 score descending, ``-0.0`` as ``+0.0``, NaN first) and the value
+    ``r << pos_bits | c``, back to back per row (COMPACT layout of the place kernel); both uint32
+    stored as int32."""
     t = tl.program_id(0)
     pid = tl.program_id(1)
     bh = pid // nc
@@ -112,11 +116,8 @@ def _s2o_cub_keys_kernel(
     asc = tl.where(score != score, 2147483647, asc)
     u = 2147483647 - asc.to(tl.int64)  # descending, on [0, 2**32)
     dst = bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W) + cols
-    if WITH_ROW:
-        tl.store(KEYS + dst, (pid.to(tl.int64) << 32) | u, mask=ok)
-    else:  # the low 32 bits (uint32 stored as int32) for a segmented sort
-        tl.store(KEYS + dst, u.to(tl.int32), mask=ok)
-    tl.store(VALS + dst, cols, mask=ok)
+    tl.store(KEYS + dst, u.to(tl.int32), mask=ok)  # the low 32 bits: uint32 as int32
+    tl.store(VALS + dst, ((pid.to(tl.int64) << pos_bits) | cols).to(tl.int32), mask=ok)
 
 
 def _segment_means(x: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -155,40 +156,33 @@ def _rank_chunk(s_k, kv_perm, prefix, a, segment_len, local_window, sort_mode):
     (the placing kernel writes each row's ``-1`` padding in the same pass).
 
     ``torch.sort``: columns past a row's prefix are set to ``-inf`` first (they sort after every
-    real score and are cut off when placing). ``"cub"``: the valid keys are packed with their row
-    into uint64 and sorted once over ``32 + log2(rows)`` bits with int32 positions."""
+    real score and are cut off when placing). ``"cub"``: the valid keys of all rows, back to back,
+    go through :func:`~s2o.kernels.cub_sort.rank_rows` (two stable device-wide radix sorts)."""
     B, Hq, nc, width = s_k.shape
     n_seg, p_max = kv_perm.shape[2], kv_perm.shape[3]
     block = 1024
     grid = (triton.cdiv(p_max, block), B * Hq * nc)
     geo = (a, nc, n_seg, width, p_max, segment_len, local_window)
-    if sort_mode.startswith("cub"):
+    if sort_mode == "cub":
         head_keys = sum(prefix[a : a + nc])
-        with_row = sort_mode == "cub"
-        kdt = torch.int64 if with_row else torch.int32
-        keys = torch.empty(B * Hq * head_keys, dtype=kdt, device=s_k.device)
+        pos_bits, row_bits = (
+            max(1, (width - 1).bit_length()),
+            max(1, (B * Hq * nc - 1).bit_length()),
+        )
+        keys = torch.empty(B * Hq * head_keys, dtype=torch.int32, device=s_k.device)
         vals = torch.empty(B * Hq * head_keys, dtype=torch.int32, device=s_k.device)
         _s2o_cub_keys_kernel[(triton.cdiv(width, block), B * Hq * nc)](
             s_k, keys, vals, s_k.stride(1), s_k.stride(2), a, nc, segment_len, local_window,
-            head_keys, BLOCK=block, WITH_ROW=with_row,
+            head_keys, pos_bits, BLOCK=block,
         )  # fmt: skip
-        if with_row:
-            idx = sort_pairs(keys, vals, 32 + max(1, (B * Hq * nc - 1).bit_length()))
-        else:
-            starts = [0]
-            for p in prefix[a : a + nc]:
-                starts.append(starts[-1] + p)
-            row0 = torch.tensor(starts[:-1], device=s_k.device)
-            offs = torch.arange(B * Hq, device=s_k.device)[:, None] * head_keys + row0[None, :]
-            offs = torch.cat([offs.flatten(), offs.new_full((1,), B * Hq * head_keys)])
-            idx = sort_segments(keys, vals, offs, 0 if sort_mode == "cub_segradix" else 1)
-        _s2o_place_kernel[grid](idx, kv_perm, *geo, head_keys, BLOCK=block, COMPACT=True)
+        idx = rank_rows(keys, vals, pos_bits, row_bits)
+        _s2o_place_kernel[grid](idx, kv_perm, *geo, head_keys, pos_bits, BLOCK=block, COMPACT=True)
         return
     for j in range(nc):
         if prefix[a + j] < width:
             s_k[:, :, j, prefix[a + j] :] = float("-inf")
     idx = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
-    _s2o_place_kernel[grid](idx, kv_perm, *geo, 0, BLOCK=block, COMPACT=False)
+    _s2o_place_kernel[grid](idx, kv_perm, *geo, 0, 0, BLOCK=block, COMPACT=False)
 
 
 def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -217,7 +211,7 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
     live = len(prefix) - first
     if live == 0:
         return []
-    if mode not in ("chunks", "full", "cub", "cub_segradix", "cub_segsort"):
+    if mode not in ("chunks", "full", "cub"):
         raise ValueError(f"sort_mode must be 'chunks', 'full' or 'cub', got {mode!r}")
     if mode == "full" and rows_per_segment < 128:
         per = max(1, 127 // rows_per_segment)
