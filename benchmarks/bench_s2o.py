@@ -43,6 +43,7 @@ from s2o.kernels import (
     s2o_pass2,
     s2o_step1,
     set_launch_config,
+    set_step1_config,
     set_stop_chunk,
 )
 from s2o.stats import dense_causal_tile_count, s2o_pass1_tile_count
@@ -431,10 +432,19 @@ def main(argv=None):
         help="pick num_warps/num_stages per kernel at L=16K and use them (default: the "
         "library's launch configuration, what users get)",
     )
+    ap.add_argument(
+        "--step1-sort",
+        default=None,
+        choices=("chunks", "full", "cub"),
+        help="Step-1 sort for every measurement (default: the library's)",
+    )
+    ap.add_argument("--int32-kv-perm", action="store_true", help="Step 1 writes int32 kv_perm")
     ap.add_argument("--rev", default=None)
     ap.add_argument("--out", default="results/kernels")
     args = ap.parse_args(argv)
     B, Hq, Hkv, D, S = 1, 32, 8, 128, 2048
+    set_step1_config(sort_mode=args.step1_sort,
+                     index_dtype=torch.int32 if args.int32_kv_perm else None)  # fmt: skip
     taus = [float(t) for t in args.taus.split(",")]
     record = {"env": environment(args.rev), "shape": dict(B=B, Hq=Hq, Hkv=Hkv, D=D, dtype="bf16",
               causal=True, segment_len=S, block_m=128, block_n=128, local_window=0),

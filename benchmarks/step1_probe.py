@@ -37,11 +37,24 @@ def profile(fn, iters=3):
     return dict(sorted(acc.items(), key=lambda kv: -kv[1])[:12])
 
 
+def cub_by_length(lengths):
+    """Step 1 with sort_mode="cub" (int64 kv_perm) at every (L, S): the paper's table shape."""
+    out = {}
+    for L in lengths:
+        q, k, _ = structured_qkv(1, 32, 8, L, 128)
+        for s in (512, 1024, 2048, 4096):
+            fn = lambda s=s, q=q, k=k: s2o_step1(q, k, segment_len=s, sort_mode="cub")  # noqa: E731
+            out[f"L={L} S={s}"] = do_bench(fn, warmup=3, rep=30, return_mode="median")
+        torch.cuda.empty_cache()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rev", default=None)
     ap.add_argument("--out", default="results/kernels/step1_probe")
     ap.add_argument("--L", type=int, default=131072)
+    ap.add_argument("--by-L", default="", help="lengths for a cub table: every S, int64 kv_perm")
     args = ap.parse_args()
     B, Hq, Hkv, D, S = 1, 32, 8, 128, 2048
     q, k, _ = structured_qkv(B, Hq, Hkv, args.L, D)
@@ -63,6 +76,8 @@ def main():
             rec["by_S"][f"{mode} S={s}"] = do_bench(fn, warmup=3, rep=30, return_mode="median")
             torch.cuda.empty_cache()
     print(json.dumps(rec["by_S"]), flush=True)
+    rec["cub_by_L"] = cub_by_length([int(x) for x in args.by_L.split(",") if x])
+    print(json.dumps(rec["cub_by_L"]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "step1_probe.json"), "w") as f:
         json.dump(rec, f, indent=1)

@@ -242,3 +242,16 @@ def test_walk_budget_matches_reference(variant, q_perm, budget, gen):
         assert torch.equal(st.extra["pass2_tiles_max"], rst.extra["pass2_tiles_max"])
         assert torch.equal(st.tiles_processed, rst.tiles_processed)
         assert int(st.extra["pass2_tiles"].max()) <= budget
+
+
+def test_s2o_method_step1_sort_knob(gen):
+    """``step1_sort`` reaches Step 1 through the method interface: the same output for every sort
+    (CPU: "cub" sorts its packed keys with torch.sort); a bad value names itself."""
+    from s2o import sparse_attention
+
+    q, k, v = _qkv(1, 4, 2, 100, 16, torch.float32, gen)
+    knobs = dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, tau=0.01, impl="triton")
+    outs = [sparse_attention("s2o", q, k, v, step1_sort=m, **knobs)[0] for m in ("chunks", "cub")]
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(ValueError, match="step1_sort"):
+        sparse_attention("s2o", q, k, v, step1_sort="bitonic", **knobs)

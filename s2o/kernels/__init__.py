@@ -16,11 +16,11 @@ from ..stats import (
     s2o_pass2_tile_max,
 )
 from .s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config, set_stop_chunk
-from .s2o_step1 import s2o_step1
+from .s2o_step1 import s2o_step1, set_step1_config
 
 __all__ = [
-    "s2o_step1", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused", "set_launch_config",
-    "set_stop_chunk",
+    "s2o_step1", "set_step1_config", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused",
+    "set_launch_config", "set_stop_chunk",
 ]  # fmt: skip
 
 

@@ -26,9 +26,24 @@ from .cub_sort import rank_rows
 
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
-# defaults of s2o_step1 (benchmarks compare the alternatives; on an H200 at 128K "full" was slower,
-# 17.9 vs 15.4 ms, and int32 saved nothing measurable: the sort dominates)
+# defaults of s2o_step1; set_step1_config changes them (benchmarks/step1_probe.py compares all;
+# H200, 128K, S=2048: chunks 14.2 ms, full 16.3, cub 9.25, cub with int32 kv_perm 8.99). "cub" is
+# not the default because it compiles a CUDA extension on first use (needs nvcc).
 STEP1_CONFIG = {"index_dtype": torch.int64, "sort_mode": "chunks"}
+_SORT_MODES = ("chunks", "full", "cub")
+
+
+def set_step1_config(*, sort_mode: str | None = None, index_dtype: torch.dtype | None = None):
+    """Defaults of :func:`s2o_step1` for every later call (the API and the harness included):
+    ``sort_mode`` ``"chunks"``, ``"full"`` or ``"cub"``; ``index_dtype`` int64 or int32."""
+    if sort_mode is not None and sort_mode not in _SORT_MODES:
+        raise ValueError(f"sort_mode must be one of {_SORT_MODES}, got {sort_mode!r}")
+    if index_dtype is not None and index_dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"index_dtype must be torch.int64 or torch.int32, got {index_dtype}")
+    if sort_mode is not None:
+        STEP1_CONFIG["sort_mode"] = sort_mode
+    if index_dtype is not None:
+        STEP1_CONFIG["index_dtype"] = index_dtype
 
 
 @triton.jit
@@ -211,8 +226,8 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
     live = len(prefix) - first
     if live == 0:
         return []
-    if mode not in ("chunks", "full", "cub"):
-        raise ValueError(f"sort_mode must be 'chunks', 'full' or 'cub', got {mode!r}")
+    if mode not in _SORT_MODES:
+        raise ValueError(f"sort_mode must be one of {_SORT_MODES}, got {mode!r}")
     if mode == "full" and rows_per_segment < 128:
         per = max(1, 127 // rows_per_segment)
         bounds = list(range(first, len(prefix), per)) + [len(prefix)]
@@ -239,7 +254,9 @@ def s2o_step1(
         segment_len: ``S``; local_window: ``W`` keys before each segment excluded from the ranking.
         index_dtype: dtype of ``kv_perm`` (default ``STEP1_CONFIG["index_dtype"]``): int64 is the
             specification's, int32 halves the bytes (the kernels take either; the values are equal).
-        sort_mode: ``"full"`` or ``"chunks"`` (see :func:`_sort_groups`); default from the config.
+        sort_mode: ``"chunks"`` or ``"full"`` (``torch.sort``, see :func:`_sort_groups`) or
+            ``"cub"`` (two CUB radix sorts per group, :mod:`s2o.kernels.cub_sort`; compiles a CUDA
+            extension on first use); default from the config (:func:`set_step1_config`).
     Returns:
         q_perm: absolute query positions, descending ``<q, mean(k[:, :, :S])>`` inside each segment.
         kv_perm: row ``n`` = keys ``0..P_n-1`` (``P_n = max(0, n*S - W)``) in descending
@@ -263,7 +280,9 @@ def s2o_step1(
     if p_max == 0:
         return q_perm, kv_perm
     q_mean = q_mean.view(B, Hkv, group, n_seg, D)
-    kf = k[:, :, :p_max].float()  # [B, Hkv, P_max, D]; fp32 scores, never tf32
+    # fp32 scores, never tf32; converting all of a contiguous k and slicing after is a vectorized
+    # copy (a strided slice first was 2x slower on an H200)
+    kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
     groups = _sort_groups(prefix, B * Hq, sort_mode)
     kv_perm[:, :, : groups[0][0]] = -1  # segments with an empty prefix
     for a, b in groups:

@@ -19,23 +19,26 @@ DEFAULTS = {
     "impl": "auto",
     "stop_tile": "keep",
     "walk_budget": None,
+    "step1_sort": "chunks",
 }
 
 
-def _check(*, impl, **knobs):
+def _check(*, impl, step1_sort, **knobs):
     check_choice("impl", impl, ("auto", "reference", "triton"))
+    check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
     check_s2o_args(**knobs)
 
 
-def _estimate(q, k, v, *, segment_len, local_window, impl, **_):
+def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, **_):
+    """Step 1; ``step1_sort`` picks the Triton path's sort (the reference has one)."""
     if resolve_impl(impl, q.device) == "reference":
         return s2o_permutations(q, k, segment_len, local_window)
     from ..kernels import s2o_step1
 
-    return s2o_step1(q, k, segment_len=segment_len, local_window=local_window)
+    return s2o_step1(q, k, segment_len=segment_len, local_window=local_window, sort_mode=step1_sort)
 
 
-def _attend(q, k, v, perms, *, impl, variant, q_perm, **knobs):
+def _attend(q, k, v, perms, *, impl, variant, q_perm, step1_sort, **knobs):
     use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, **knobs)
     knobs["tau"] = float(knobs["tau"])
     if resolve_impl(impl, q.device) == "reference":
