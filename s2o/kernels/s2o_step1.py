@@ -83,6 +83,16 @@ def _chunk_row_start(n0, j, S, W):
 
 
 @triton.jit
+def _chunk_tile(n0, nc, S, W, BLOCK: tl.constexpr):
+    """Program (column tile, ``bh * nc + j``) of a group of segments: ``(pid, bh, j, P, cols)``
+    with ``P`` the ranked prefix of segment ``n0 + j`` and ``cols`` the tile's key columns."""
+    pid = tl.program_id(1)
+    j = pid % nc
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    return pid, pid // nc, j, tl.maximum((n0 + j) * S - W, 0), cols
+
+
+@triton.jit
 def _s2o_place_kernel(
     IDX, OUT, n0, nc, N, width, p_max, S, W, head_keys, pos_bits,
     BLOCK: tl.constexpr, COMPACT: tl.constexpr,
@@ -91,12 +101,7 @@ def _s2o_place_kernel(
     the sorted positions of that row and ``-1`` past ``P``. ``IDX`` is ``[BH, nc, width]``, or with
     COMPACT the rows back to back (``head_keys`` per head, see :func:`_chunk_row_start`) holding
     ``row << pos_bits | position``."""
-    t = tl.program_id(0)
-    pid = tl.program_id(1)
-    bh = pid // nc
-    j = pid % nc
-    P = tl.maximum((n0 + j) * S - W, 0)
-    cols = t * BLOCK + tl.arange(0, BLOCK)
+    pid, bh, j, P, cols = _chunk_tile(n0, nc, S, W, BLOCK)
     if COMPACT:
         src_row = IDX + bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W)
     else:
@@ -117,12 +122,7 @@ def _s2o_cub_keys_kernel(
     uint32 ``u`` (ascending = fp32 score descending, ``-0.0`` as ``+0.0``, NaN first) and the value
     ``r << pos_bits | c``, back to back per row (COMPACT layout of the place kernel); both uint32
     stored as int32."""
-    t = tl.program_id(0)
-    pid = tl.program_id(1)
-    bh = pid // nc
-    j = pid % nc
-    P = tl.maximum((n0 + j) * S - W, 0)
-    cols = t * BLOCK + tl.arange(0, BLOCK)
+    pid, bh, j, P, cols = _chunk_tile(n0, nc, S, W, BLOCK)
     ok = cols < P
     score = tl.load(SC + bh.to(tl.int64) * stride_sbh + j * stride_sn + cols, mask=ok, other=0.0)
     b = score.to(tl.int32, bitcast=True)
