@@ -4,9 +4,10 @@ Batched over batch, heads and segments: no per-head Python loop and no host sync
 shape follows from ``L``, ``S`` and ``W``). The only Python loop runs over *groups of segments*:
 each group's keys are scored by one fp32 matrix product into a ``[B, Hq, group, P_last]``
 rectangle and ranked by one ``torch.sort`` call (see :func:`_sort_groups` for how the group size
-picks torch's sort algorithm). Around the sort, Triton kernels read the queries once (segment
-means and query scores together) and write each sorted group into ``kv_perm`` with its ``-1``
-padding in one pass.
+picks torch's sort algorithm) or, with ``sort_mode="cub"``, by two CUB radix sorts over packed
+keys (:mod:`s2o.kernels.cub_sort`; opt-in, it compiles a CUDA extension). Around the sort,
+Triton kernels read the queries once (segment means and query scores together) and write each
+sorted group into ``kv_perm`` with its ``-1`` padding in one pass.
 
 Output layout (the specification's): ``q_perm`` ``[B, Hq, L]`` int64 absolute positions,
 ``kv_perm`` ``[B, Hq, N, P_max]`` ranked prefix per segment padded with ``-1``, int64 or int32
