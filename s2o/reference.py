@@ -51,13 +51,7 @@ import math
 
 import torch
 
-from .stats import (
-    AttentionStats,
-    _cdiv,
-    dense_causal_tile_count,
-    s2o_pass1_tile_count,
-    s2o_pass2_tile_max,
-)
+from .stats import AttentionStats, _cdiv, s2o_stats
 
 
 def segment_ranges(seq_len: int, segment_len: int) -> list[tuple[int, int]]:
@@ -231,18 +225,5 @@ def s2o_reference(
         o = state[2] / state[1][..., None]
         out.scatter_(2, order[..., None].expand(-1, -1, -1, D), o)
     pass2 = torch.cat(visited, dim=-1)
-    geometry = (L, segment_len, local_window, block_m, block_n)
-    pass1_tiles = s2o_pass1_tile_count(*geometry)
-    visit_max = s2o_pass2_tile_max(*geometry, walk_budget)
-    stats = AttentionStats(
-        tiles_processed=(pass2.sum(dim=-1) + pass1_tiles).double(),
-        tiles_dense=dense_causal_tile_count(L, block_m, block_n),
-        block_m=block_m,
-        block_n=block_n,
-        extra={
-            "pass2_tiles": pass2,
-            "pass2_tiles_max": torch.tensor(visit_max, dtype=torch.long),
-            "pass1_tiles": pass1_tiles,
-        },
-    )
+    stats = s2o_stats(pass2, L, segment_len, local_window, block_m, block_n, walk_budget)
     return out.to(q.dtype), stats

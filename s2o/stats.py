@@ -117,3 +117,33 @@ class AttentionStats:
         if self.time_attention_ms is not None:
             out["time_attention_ms"] = self.time_attention_ms
         return out
+
+
+def s2o_stats(
+    pass2_tiles: torch.Tensor,
+    seq_len: int,
+    segment_len: int,
+    local_window: int,
+    block_m: int,
+    block_n: int,
+    walk_budget: int | None,
+) -> AttentionStats:
+    """S2O's :class:`AttentionStats` from the Pass-2 visits ``[B, Hq, n_query_tiles]`` (the
+    reference and the kernels count the same way): Pass-1 tiles plus the visits, and in ``extra``
+    ``pass2_tiles``, ``pass2_tiles_max`` ``[n_query_tiles]`` and ``pass1_tiles``."""
+    geometry = (seq_len, segment_len, local_window, block_m, block_n)
+    pass1 = s2o_pass1_tile_count(*geometry)
+    pass2 = pass2_tiles.long()
+    return AttentionStats(
+        tiles_processed=(pass2.sum(dim=-1) + pass1).double(),
+        tiles_dense=dense_causal_tile_count(seq_len, block_m, block_n),
+        block_m=block_m,
+        block_n=block_n,
+        extra={
+            "pass2_tiles": pass2,
+            "pass2_tiles_max": torch.tensor(
+                s2o_pass2_tile_max(*geometry, walk_budget), dtype=torch.long
+            ),
+            "pass1_tiles": pass1,
+        },
+    )

@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..stats import (
-    AttentionStats,
-    dense_causal_tile_count,
-    s2o_pass1_tile_count,
-    s2o_pass2_tile_max,
-)
+from ..stats import AttentionStats, s2o_stats
 from .s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config, set_stop_chunk
 from .s2o_step1 import s2o_step1, set_step1_config
 
@@ -77,21 +72,5 @@ def s2o_triton(
             q, k, v, state, qp, kvp, tau=tau, scale=scale, use_qperm=bool(q_perm),
             stop_tile=stop_tile, out=out, walk_budget=walk_budget, **geo,
         )  # fmt: skip
-    geometry = (L, segment_len, local_window, block_m, block_n)
-    pass1 = s2o_pass1_tile_count(*geometry)
-    pass2 = visited.long()
-    stats = AttentionStats(
-        tiles_processed=(pass2.sum(dim=-1) + pass1).double(),
-        tiles_dense=dense_causal_tile_count(L, block_m, block_n),
-        block_m=block_m,
-        block_n=block_n,
-        extra={
-            "pass2_tiles": pass2,
-            "pass2_tiles_max": torch.tensor(
-                s2o_pass2_tile_max(*geometry, walk_budget),
-                dtype=torch.long,
-            ),
-            "pass1_tiles": pass1,
-        },
-    )
+    stats = s2o_stats(visited, L, segment_len, local_window, block_m, block_n, walk_budget)
     return out, stats
