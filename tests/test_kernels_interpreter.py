@@ -255,3 +255,16 @@ def test_s2o_method_step1_sort_knob(gen):
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ValueError, match="step1_sort"):
         sparse_attention("s2o", q, k, v, step1_sort="bitonic", **knobs)
+
+
+def test_step1_options_are_validated(gen):
+    """A bad sort mode or index dtype is named, also when L < S (no ranking to do)."""
+    from s2o.kernels import set_step1_config
+
+    q, k = _exact((1, 2, 20, 16), gen), _exact((1, 1, 20, 16), gen)
+    with pytest.raises(ValueError, match="'bitonic'"):
+        s2o_step1(q, k, segment_len=32, sort_mode="bitonic")
+    with pytest.raises(ValueError, match="torch.int16"):
+        s2o_step1(q, k, segment_len=32, index_dtype=torch.int16)
+    with pytest.raises(ValueError, match="'bitonic'"):
+        set_step1_config(sort_mode="bitonic")

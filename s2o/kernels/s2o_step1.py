@@ -34,13 +34,17 @@ STEP1_CONFIG = {"index_dtype": torch.int64, "sort_mode": "chunks"}
 _SORT_MODES = ("chunks", "full", "cub")
 
 
-def set_step1_config(*, sort_mode: str | None = None, index_dtype: torch.dtype | None = None):
-    """Defaults of :func:`s2o_step1` for every later call (the API and the harness included):
-    ``sort_mode`` ``"chunks"``, ``"full"`` or ``"cub"``; ``index_dtype`` int64 or int32."""
+def _check_step1_options(sort_mode: str | None, index_dtype: torch.dtype | None) -> None:
     if sort_mode is not None and sort_mode not in _SORT_MODES:
         raise ValueError(f"sort_mode must be one of {_SORT_MODES}, got {sort_mode!r}")
     if index_dtype is not None and index_dtype not in (torch.int64, torch.int32):
         raise ValueError(f"index_dtype must be torch.int64 or torch.int32, got {index_dtype}")
+
+
+def set_step1_config(*, sort_mode: str | None = None, index_dtype: torch.dtype | None = None):
+    """Defaults of :func:`s2o_step1` for every later call (the API and the harness included):
+    ``sort_mode`` ``"chunks"``, ``"full"`` or ``"cub"``; ``index_dtype`` int64 or int32."""
+    _check_step1_options(sort_mode, index_dtype)
     if sort_mode is not None:
         STEP1_CONFIG["sort_mode"] = sort_mode
     if index_dtype is not None:
@@ -227,8 +231,6 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
     live = len(prefix) - first
     if live == 0:
         return []
-    if mode not in _SORT_MODES:
-        raise ValueError(f"sort_mode must be one of {_SORT_MODES}, got {mode!r}")
     if mode == "full" and rows_per_segment < 128:
         per = max(1, 127 // rows_per_segment)
         bounds = list(range(first, len(prefix), per)) + [len(prefix)]
@@ -270,6 +272,7 @@ def s2o_step1(
     n_seg = triton.cdiv(L, S)
     prefix = [max(0, n * S - local_window) for n in range(n_seg)]
     p_max = prefix[-1]
+    _check_step1_options(sort_mode, index_dtype)  # before any early return: also for L < S
     index_dtype = STEP1_CONFIG["index_dtype"] if index_dtype is None else index_dtype
     sort_mode = STEP1_CONFIG["sort_mode"] if sort_mode is None else sort_mode
 
