@@ -100,22 +100,20 @@ def ratios(results: dict, cfg: dict) -> dict:
     if results.get("s2o", {}).get("status") != "ok":
         return {}
     base = [r for n, r in results.items() if n != "s2o" and r["status"] == "ok"]
-    out = {"mse_at_sparsity": [], "density_at_mse": []}
-    for i, t in enumerate(cfg["target_sparsity"]):
-        ours = results["s2o"]["at_sparsity"][i]["mse"]
-        best = min((b["at_sparsity"][i]["mse"] for b in base), default=None)
-        out["mse_at_sparsity"].append(
-            {"target": t, "s2o": ours, "best_baseline": best,
-             "ratio": best / ours if best is not None and ours > 0 else None}
-        )  # fmt: skip
-    for i, t in enumerate(cfg["target_mse"]):
-        ours = results["s2o"]["at_mse"][i]["density"]
-        best = min((b["at_mse"][i]["density"] for b in base), default=None)
-        out["density_at_mse"].append(
-            {"target": t, "s2o": ours, "best_baseline": best,
-             "ratio": best / ours if best is not None and ours > 0 else None}
-        )  # fmt: skip
-    return out
+
+    def compare(targets, at, metric):
+        rows = []
+        for i, t in enumerate(targets):
+            ours = results["s2o"][at][i][metric]
+            best = min((b[at][i][metric] for b in base), default=None)
+            ratio = best / ours if best is not None and ours > 0 else None
+            rows.append({"target": t, "s2o": ours, "best_baseline": best, "ratio": ratio})
+        return rows
+
+    return {
+        "mse_at_sparsity": compare(cfg["target_sparsity"], "at_sparsity", "mse"),
+        "density_at_mse": compare(cfg["target_mse"], "at_mse", "density"),
+    }
 
 
 def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:

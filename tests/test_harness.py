@@ -125,3 +125,21 @@ def test_cuda_request_without_gpu_fails_clearly(tmp_path):
         pytest.skip("a GPU is present")
     with pytest.raises(ValueError, match="CUDA is not available"):
         run_inprocess(["device=cuda", "dry_run=true"], tmp_path)
+
+
+def test_matched_ratios_best_baseline_over_s2o():
+    """Best (lowest) baseline over S2O at each target; failed baselines are left out."""
+    from experiments.matched import ratios
+
+    results = {
+        "s2o": {"status": "ok", "at_sparsity": [{"mse": 2.0}], "at_mse": [{"density": 0.1}]},
+        "a": {"status": "ok", "at_sparsity": [{"mse": 3.0}], "at_mse": [{"density": 0.4}]},
+        "b": {"status": "ok", "at_sparsity": [{"mse": 5.0}], "at_mse": [{"density": 0.2}]},
+        "c": {"status": "error"},
+    }
+    out = ratios(results, {"target_sparsity": [0.9], "target_mse": [1e-3]})
+    assert out == {
+        "mse_at_sparsity": [{"target": 0.9, "s2o": 2.0, "best_baseline": 3.0, "ratio": 1.5}],
+        "density_at_mse": [{"target": 1e-3, "s2o": 0.1, "best_baseline": 0.2, "ratio": 2.0}],
+    }
+    assert ratios({"s2o": {"status": "error"}}, {}) == {}
