@@ -12,6 +12,7 @@ import torch
 
 import s2o
 from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists, xattn_block_scores
+from s2o.kernels.tma import set_descriptor_loads
 from s2o.methods.blocksparse import BlockPlan, key_block_of_token
 from s2o.methods.xattn import antidiagonal_block_scores
 
@@ -64,9 +65,18 @@ def _check(out, q, k, v, plan):
     assert err <= 2 * yard + 1e-6, f"kernel rel err {err:.3e} > 2 x yardstick {yard:.3e}"
 
 
+@pytest.fixture
+def descriptor_loads(request):
+    set_descriptor_loads(request.param)
+    yield request.param
+    set_descriptor_loads(None)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bs,D", [(128, 128), (64, 64), (128, 64)])
-def test_block_sparse_kernel_gpu(bs, D, dtype):
+# None: TMA descriptor loads of contiguous blocks where the GPU has them; False: pointer loads
+@pytest.mark.parametrize("descriptor_loads", [None, False], indirect=True)
+def test_block_sparse_kernel_gpu(bs, D, dtype, descriptor_loads):
     B, Hq, Hkv, L = 2, 8, 2, 1000
     q, k, v = _qkv(B, Hq, Hkv, L, D, seed=bs + D, dtype=dtype)
     nb = math.ceil(L / bs)
@@ -81,7 +91,8 @@ def test_block_sparse_kernel_gpu(bs, D, dtype):
     _check(out, q, k, v, plan)
 
 
-def test_permuted_kernel_gpu():
+@pytest.mark.parametrize("descriptor_loads", [None, False], indirect=True)
+def test_permuted_kernel_gpu(descriptor_loads):
     B, Hq, Hkv, L, D, bs, seg = 1, 8, 2, 1100, 128, 128, 256
     q, k, v = _qkv(B, Hq, Hkv, L, D, seed=3)
     nb = math.ceil(L / bs)

@@ -15,6 +15,7 @@ from s2o.kernels.block_sparse import (
     mask_to_lists,
     xattn_block_scores,
 )
+from s2o.kernels.tma import set_descriptor_loads
 from s2o.methods.xattn import antidiagonal_block_scores
 
 pytestmark = pytest.mark.interpreter
@@ -106,6 +107,21 @@ def test_permuted_kernel_matches_masked_dense(dtype, gen):
         q, k, v, idx, cnt, block_size=bs, key_perm=perm.int(), segment_size=seg, out=out
     )
     _check(out, q, k, v, _token_mask(L, bs, mask, perm, seg))
+
+
+@pytest.mark.parametrize(
+    "kernel_test",
+    [test_block_sparse_kernel_matches_masked_dense, test_permuted_kernel_matches_masked_dense],
+)
+def test_kernels_with_descriptor_loads(kernel_test, gen):
+    """The contiguous key blocks through TMA tensor descriptors (the Hopper path, off on the
+    CPU by default): the unpermuted lists and band with a tail block past L; PBS's own-segment
+    band (its permuted blocks keep pointer loads)."""
+    set_descriptor_loads(True)
+    try:
+        kernel_test(torch.float16, gen)
+    finally:
+        set_descriptor_loads(None)
 
 
 def test_mask_to_lists_roundtrip(gen):

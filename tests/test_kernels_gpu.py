@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from s2o.kernels import s2o_step1, s2o_triton
+from s2o.kernels import s2o_step1, s2o_triton, set_descriptor_loads
 from s2o.reference import s2o_permutations, s2o_reference
 
 pytestmark = pytest.mark.gpu
@@ -83,9 +83,18 @@ def test_step1_gpu_cub_equals_torch_sort(L, S, W):
     assert diff.numel() == 0, f"{len(diff)} positions differ, first {diff[:5].tolist()}"
 
 
+@pytest.fixture
+def descriptor_loads(request):
+    set_descriptor_loads(request.param)
+    yield request.param
+    set_descriptor_loads(None)
+
+
 @pytest.mark.parametrize("variant,q_perm", [("two_pass", True), ("fused", False)])
 @pytest.mark.parametrize("L,W", [(3000, 0), (8192, 256)])
-def test_gpu_matches_reference(variant, q_perm, L, W):
+# None: TMA descriptor loads of the dense tiles where the GPU has them; False: pointer loads
+@pytest.mark.parametrize("descriptor_loads", [None, False], indirect=True)
+def test_gpu_matches_reference(variant, q_perm, L, W, descriptor_loads):
     """bf16 kernel vs the fp32 reference on the same GPU: same decisions, output within 2x the
     error of bf16 SDPA (flash) against the fp32 reference at tau <= 0."""
     q, k, v = _qkv(1, 4, 2, L, 128, seed=2, peak=1.5)

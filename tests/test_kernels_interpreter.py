@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from s2o.kernels import s2o_step1, s2o_triton, set_stop_chunk
+from s2o.kernels import s2o_step1, s2o_triton, set_descriptor_loads, set_stop_chunk
 from s2o.reference import s2o_permutations, s2o_reference
 
 pytestmark = pytest.mark.interpreter
@@ -179,6 +179,17 @@ def test_kernels_match_reference(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, ge
         gap_ref = _rel(ref_keep, ref_drop)
         assert gap_ref > 4 * tol, f"keep and discard references too close ({gap_ref:.2e})"
         assert _rel(keep, drop) > gap_ref / 2, "kernel keep/discard outputs do not differ"
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[6]], ids=["2pass-W", "fused-W", "fp32"])
+def test_kernels_match_reference_descriptor_loads(case, gen):
+    """The dense tiles of Pass-1 and of the fused kernel through TMA tensor descriptors (the
+    Hopper path; off by default on the CPU): rows past L, the local window, GQA."""
+    set_descriptor_loads(True)
+    try:
+        test_kernels_match_reference(*case, gen)
+    finally:
+        set_descriptor_loads(None)
 
 
 def test_tau_zero_equals_dense_attention(gen):

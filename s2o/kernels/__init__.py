@@ -10,12 +10,19 @@ from __future__ import annotations
 import torch
 
 from ..stats import AttentionStats, s2o_stats
-from .s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config, set_stop_chunk
+from .s2o_attention import (
+    s2o_fused,
+    s2o_pass1,
+    s2o_pass2,
+    set_launch_config,
+    set_stop_chunk,
+)
 from .s2o_step1 import s2o_step1, set_step1_config
+from .tma import set_descriptor_loads
 
 __all__ = [
     "s2o_step1", "set_step1_config", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused",
-    "set_launch_config", "set_stop_chunk",
+    "set_launch_config", "set_stop_chunk", "set_descriptor_loads",
 ]  # fmt: skip
 
 

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .tma import kernel_kv_args
+
 LOG2E = 1.4426950408889634
 
 
@@ -62,17 +64,31 @@ def mask_to_lists(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _bsa_tile(
-    q, k_ptrs, v_ptrs, m_i, l_i, acc, qk_scale, offs_m, kpos, seq_len, DIAG: tl.constexpr
-):
-    """One key tile of the online softmax; ``DIAG`` adds the causal and length masks."""
-    if DIAG:
-        kmask = kpos < seq_len
-        k = tl.load(k_ptrs, mask=kmask[None, :], other=0.0)
-        v = tl.load(v_ptrs, mask=kmask[:, None], other=0.0)
+def _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b, hk, kpos, start, seq_len,
+            BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, DIAG: tl.constexpr,
+            USE_DESC: tl.constexpr):  # fmt: skip
+    """``k`` ``[HEAD_DIM, BLOCK]`` and ``v`` ``[BLOCK, HEAD_DIM]`` of key rows ``kpos``: through
+    TMA descriptors (contiguous rows ``start ..``; rows past the end come back as zeros) or
+    through pointers (any rows; ``DIAG`` masks rows past ``seq_len``)."""
+    if USE_DESC:
+        k = tl.trans(K_desc.load([b, hk, start, 0]).reshape(BLOCK, HEAD_DIM))
+        v = V_desc.load([b, hk, start, 0]).reshape(BLOCK, HEAD_DIM)
     else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
+        k_ptrs = k_base + kpos[None, :] * skn
+        v_ptrs = v_base + kpos[:, None] * svn
+        if DIAG:
+            kmask = kpos < seq_len
+            k = tl.load(k_ptrs, mask=kmask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=kmask[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+    return k, v
+
+
+@triton.jit
+def _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, DIAG: tl.constexpr):
+    """One key tile of the online softmax; ``DIAG`` adds the causal mask."""
     qk = tl.dot(q, k) * qk_scale
     if DIAG:
         qk = tl.where(offs_m[:, None] >= kpos[None, :], qk, float("-inf"))
@@ -80,13 +96,13 @@ def _bsa_tile(
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P V accumulates in the MMA
     return m_new, l_i, acc
 
 
 @triton.jit
 def _bsa_fwd_kernel(
-    Q, K, V, O, KV_IDX, KV_CNT, PERM,
+    Q, K, V, K_desc, V_desc, O, KV_IDX, KV_CNT, PERM,
     qk_scale, seq_len, num_q_blocks, heads_q, group,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
@@ -99,6 +115,7 @@ def _bsa_fwd_kernel(
     BLOCK: tl.constexpr,
     SEG_BLOCKS: tl.constexpr,
     PERMUTED: tl.constexpr,
+    USE_DESC: tl.constexpr,
 ):  # fmt: skip
     qb = num_q_blocks - 1 - tl.program_id(0)  # longest rows first
     bh = tl.program_id(1)
@@ -128,28 +145,27 @@ def _bsa_fwd_kernel(
         band_lo = tl.where(has_diag, qb, qb + 1)
         n_list = count - has_diag.to(tl.int32)
 
+    b32, hk32 = b.to(tl.int32), hk.to(tl.int32)
     for i in range(0, n_list):
         c = tl.load(idx_base + i * sik).to(tl.int64)
-        if PERMUTED:
+        if PERMUTED:  # rows gathered through the permutation: pointer loads
             kpos = tl.load(PERM + b * spb + h * sph + (c * BLOCK + offs_n) * spn).to(tl.int64)
         else:
             kpos = c * BLOCK + offs_n
-        m_i, l_i, acc = _bsa_tile(
-            q, k_base + kpos[None, :] * skn, v_base + kpos[:, None] * svn,
-            m_i, l_i, acc, qk_scale, offs_m, kpos, seq_len, False,
-        )  # fmt: skip
+        k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos,
+                       (c * BLOCK).to(tl.int32), seq_len, BLOCK, HEAD_DIM, False,
+                       USE_DESC and not PERMUTED)  # fmt: skip
+        m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, False)
     for c in range(band_lo, qb):
         kpos = (c * BLOCK + offs_n).to(tl.int64)
-        m_i, l_i, acc = _bsa_tile(
-            q, k_base + kpos[None, :] * skn, v_base + kpos[:, None] * svn,
-            m_i, l_i, acc, qk_scale, offs_m, kpos, seq_len, False,
-        )  # fmt: skip
+        k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos, c * BLOCK,
+                       seq_len, BLOCK, HEAD_DIM, False, USE_DESC)  # fmt: skip
+        m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, False)
     if band_lo <= qb:
         kpos = (qb * BLOCK + offs_n).to(tl.int64)
-        m_i, l_i, acc = _bsa_tile(
-            q, k_base + kpos[None, :] * skn, v_base + kpos[:, None] * svn,
-            m_i, l_i, acc, qk_scale, offs_m, kpos, seq_len, True,
-        )  # fmt: skip
+        k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos, qb * BLOCK,
+                       seq_len, BLOCK, HEAD_DIM, True, USE_DESC)  # fmt: skip
+        m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, True)
 
     # a row that saw no key (empty list, diagonal not selected) outputs 0
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -225,8 +241,9 @@ def block_sparse_attention(
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     warps, stages = _launch_config(block_size, D)
     perm_strides = (perm.stride(0), perm.stride(1), perm.stride(2)) if permuted else (0, 0, 0)
+    descs, use_desc = kernel_kv_args(k, v, block_size)
     _bsa_fwd_kernel[(nq, B * Hq)](
-        q, k, v, out, kv_idx, kv_count, perm,
+        q, k, v, *descs, out, kv_idx, kv_count, perm,
         scale * LOG2E, L, nq, Hq, Hq // Hkv,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *kv_idx.stride(), *kv_count.stride(), *perm_strides,
@@ -234,6 +251,7 @@ def block_sparse_attention(
         BLOCK=block_size,
         SEG_BLOCKS=(segment_size // block_size) if permuted else 1,
         PERMUTED=permuted,
+        USE_DESC=use_desc,
         num_warps=num_warps or warps,
         num_stages=num_stages or stages,
     )  # fmt: skip

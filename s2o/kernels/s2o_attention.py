@@ -13,6 +13,14 @@ tile late) or dropped (``"discard"``, Alg. 3 as printed); ``KEEP_STOP`` selects 
  is the reference's rule with ``exp`` written as ``exp2`` of log2e-prescaled scores (the two
 sides of the comparison are the same real numbers, only rounded differently).
 
+Pass-1 hands Pass-2 each row's fp32 ``m2`` and ``l`` and its normalized partial output
+``o = acc / l`` in the input dtype; Pass-2 restarts from ``acc = o * l``. The stop rule reads only
+``m2`` and ``l``, so the decisions are those of an fp32 ``acc``; the output carries one more
+rounding of the Pass-1 part, and the state is half the bytes (1 GiB instead of 2 at 128K, 32
+heads). The contiguous K/V tiles (Pass-1, the fused kernel's dense part) load through TMA tensor
+descriptors on Hopper-class GPUs (:func:`set_descriptor_loads`); the ranked walk gathers rows
+through ``kv_perm`` with pointer loads.
+
 Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
 ``USE_QPERM`` (gather query rows through ``q_perm``), ``GATHER`` (gather key rows through
 ``kv_perm``; off = contiguous key tiles ``0..P-1``) and ``EARLY_STOP`` (stop-rule control flow).
@@ -26,6 +34,8 @@ import math
 import torch
 import triton
 import triton.language as tl
+
+from .tma import kernel_kv_args
 
 LOG2E = 1.4426950408889634
 
@@ -89,40 +99,55 @@ def _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED: tl.constexpr, I
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
+    # P V accumulates into the rescaled state inside the MMA (no separate product and add)
     if IEEE:
-        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
     else:
-        pv = tl.dot(p.to(v.dtype), v)
-    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
+def _contig_kv(K_head, V_head, K_desc, V_desc, b, hk, start, L, stride_kl, stride_vl,
+               BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_DESC: tl.constexpr,
+               MASKED: tl.constexpr):  # fmt: skip
+    """Key/value rows ``start .. start+BLOCK_N-1`` (zeros past ``L`` when MASKED): through the
+    tensor descriptors (TMA; rows past ``L`` come back as zeros) or through pointers."""
+    if USE_DESC:
+        k = K_desc.load([b, hk, start, 0]).reshape(BLOCK_N, HEAD_D)
+        v = V_desc.load([b, hk, start, 0]).reshape(BLOCK_N, HEAD_D)
+    else:
+        cols = (start + tl.arange(0, BLOCK_N)).to(tl.int64)
+        offs_d = tl.arange(0, HEAD_D)
+        if MASKED:
+            ok = (cols < L)[:, None]
+            k = tl.load(K_head + cols[:, None] * stride_kl + offs_d[None, :], mask=ok, other=0.0)
+            v = tl.load(V_head + cols[:, None] * stride_vl + offs_d[None, :], mask=ok, other=0.0)
+        else:
+            k = tl.load(K_head + cols[:, None] * stride_kl + offs_d[None, :])
+            v = tl.load(V_head + cols[:, None] * stride_vl + offs_d[None, :])
+    return k, v
 
 
 @triton.jit
 def _dense_causal(
-    q, m_i, l_i, acc, K_head, V_head, stride_kl, stride_vl, rows, lo, a, L, qk_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, IEEE: tl.constexpr,
+    q, m_i, l_i, acc, K_head, V_head, K_desc, V_desc, b, hk, stride_kl, stride_vl, rows, lo, a,
+    L, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    IEEE: tl.constexpr, USE_DESC: tl.constexpr,
 ):  # fmt: skip
     """Pass-1 body: keys ``[lo, row]`` for query rows ``a .. a+BLOCK_M-1`` in original order."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_D)
     n_full = (a + 1 - lo) // BLOCK_N  # key tiles entirely at or below every row of the tile
     for j in range(0, n_full):
-        cols = (lo + j * BLOCK_N + offs_n).to(tl.int64)
-        k = tl.load(K_head + cols[:, None] * stride_kl + offs_d[None, :])
-        v = tl.load(V_head + cols[:, None] * stride_vl + offs_d[None, :])
+        k, v = _contig_kv(K_head, V_head, K_desc, V_desc, b, hk, lo + j * BLOCK_N, L, stride_kl,
+                          stride_vl, BLOCK_N, HEAD_D, USE_DESC, False)  # fmt: skip
         m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, None, False, IEEE)
     end = tl.minimum(a + BLOCK_M, L)
     for start in range(lo + n_full * BLOCK_N, end, BLOCK_N):
+        k, v = _contig_kv(K_head, V_head, K_desc, V_desc, b, hk, start, L, stride_kl, stride_vl,
+                          BLOCK_N, HEAD_D, USE_DESC, True)  # fmt: skip
         cols = start + offs_n
-        col_ok = cols < L
-        k = tl.load(
-            K_head + cols[:, None].to(tl.int64) * stride_kl + offs_d[None, :],
-            mask=col_ok[:, None], other=0.0,
-        )  # fmt: skip
-        v = tl.load(
-            V_head + cols[:, None].to(tl.int64) * stride_vl + offs_d[None, :],
-            mask=col_ok[:, None], other=0.0,
-        )  # fmt: skip
-        mask = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
+        mask = (cols[None, :] <= rows[:, None]) & (cols < L)[None, :]
         m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, True, IEEE)
     return m_i, l_i, acc
 
@@ -200,21 +225,22 @@ def _ranked_walk(
                 l_old = l_i * alpha
                 row_gains = (gain >= tau * l_old) & row_ok
                 visited += go.to(tl.int32)
-                if IEEE:
-                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                if KEEP_STOP:
-                    acc = acc * alpha[:, None] + pv
-                    l_i = l_old + gain
-                    m_i = m_new
-                    gains = row_gains
-                else:
+                if not KEEP_STOP:  # a discarded tile adds nothing: p = 0, state unscaled
                     take = go & (tl.max(row_gains.to(tl.int32), 0) > 0)
-                    acc = tl.where(take, acc * alpha[:, None] + pv, acc)
+                    p = tl.where(take, p, 0.0)
+                    alpha = tl.where(take, alpha, 1.0)
                     l_i = tl.where(take, l_old + gain, l_i)
                     m_i = tl.where(take, m_new, m_i)
                     go = take
+                # P V accumulates into the rescaled state inside the MMA
+                if IEEE:
+                    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+                else:
+                    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+                if KEEP_STOP:
+                    l_i = l_old + gain
+                    m_i = m_new
+                    gains = row_gains
             if KEEP_STOP:
                 go = go & (tl.max(gains.to(tl.int32), 0) > 0)
             j0 += chunk
@@ -233,14 +259,16 @@ def _ranked_walk(
 
 @triton.jit
 def _s2o_pass1_kernel(
-    Q, K, V, M_buf, L_buf, A_buf,
+    Q, K, V, K_desc, V_desc, M_buf, L_buf, O_buf,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, L, H, GROUP, S, W, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, IEEE: tl.constexpr,
+    USE_DESC: tl.constexpr,
 ):  # fmt: skip
-    """Dense intra-segment causal attention + local window -> ``(m2, l, acc)`` buffers.
+    """Dense intra-segment causal attention + local window -> ``(m2, l, o)`` buffers.
 
-    Grid ``(cdiv(L, BLOCK_M), B * Hq)``; buffers are ``[B*Hq, L]`` and ``[B*Hq, L, D]`` fp32.
+    Grid ``(cdiv(L, BLOCK_M), B * Hq)``; ``m2``, ``l`` are ``[B*Hq, L]`` fp32 and ``o = acc / l``
+    is ``[B*Hq, L, D]`` in ``O_buf``'s dtype (the input dtype).
     """
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest tiles first
     bh = tl.program_id(1).to(tl.int64)
@@ -259,17 +287,20 @@ def _s2o_pass1_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
     m_i, l_i, acc = _dense_causal(
         q, m_i, l_i, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
-        stride_kl, stride_vl, rows, lo, a, L, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, IEEE,
+        K_desc, V_desc, b.to(tl.int32), hk.to(tl.int32), stride_kl, stride_vl, rows, lo, a, L,
+        qk_scale, BLOCK_M, BLOCK_N, HEAD_D, IEEE, USE_DESC,
     )  # fmt: skip
     st = bh * L + rows
     tl.store(M_buf + st, m_i, mask=row_ok)
     tl.store(L_buf + st, l_i, mask=row_ok)
-    tl.store(A_buf + st[:, None] * HEAD_D + offs_d[None, :], acc, mask=row_ok[:, None])
+    o = acc / l_i[:, None]  # every valid row sees at least its own key: l >= 1
+    tl.store(O_buf + st[:, None] * HEAD_D + offs_d[None, :], o.to(O_buf.dtype.element_ty),
+             mask=row_ok[:, None])  # fmt: skip
 
 
 @triton.jit
 def _s2o_pass2_kernel(
-    Q, K, V, O, QP, KVP, M_buf, L_buf, A_buf, VISITED,
+    Q, K, V, O, QP, KVP, M_buf, L_buf, O_buf, VISITED,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
@@ -301,11 +332,12 @@ def _s2o_pass2_kernel(
     q_ptrs = Q + b * stride_qb + h * stride_qh + pos[:, None] * stride_ql + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     st = bh * L + pos
-    m_i = tl.load(M_buf + st, mask=row_ok, other=0.0)
-    l_i = tl.load(L_buf + st, mask=row_ok, other=1.0)
-    acc = tl.load(A_buf + st[:, None] * HEAD_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    m1 = tl.load(M_buf + st, mask=row_ok, other=0.0)
+    l1 = tl.load(L_buf + st, mask=row_ok, other=1.0)
+    o1 = tl.load(O_buf + st[:, None] * HEAD_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    acc = o1.to(tl.float32) * l1[:, None]
     m_i, l_i, acc, visited = _ranked_walk(
-        q, m_i, l_i, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
+        q, m1, l1, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
         KVP + b * stride_pb + h * stride_ph + seg * stride_pn, stride_kl, stride_vl, P, row_ok,
         qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
         STOP_GROW,
@@ -318,12 +350,12 @@ def _s2o_pass2_kernel(
 
 @triton.jit
 def _s2o_fused_kernel(
-    Q, K, V, O, KVP, VISITED,
+    Q, K, V, K_desc, V_desc, O, KVP, VISITED,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
-    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr,
+    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -346,8 +378,8 @@ def _s2o_fused_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
     m_i, l_i, acc = _dense_causal(
-        q, m_i, l_i, acc, k_head, v_head, stride_kl, stride_vl, rows, lo, a, L, qk_scale,
-        BLOCK_M, BLOCK_N, HEAD_D, IEEE,
+        q, m_i, l_i, acc, k_head, v_head, K_desc, V_desc, b.to(tl.int32), hk.to(tl.int32),
+        stride_kl, stride_vl, rows, lo, a, L, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, IEEE, USE_DESC,
     )  # fmt: skip
     m_i, l_i, acc, visited = _ranked_walk(
         q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
@@ -390,19 +422,22 @@ def _prep(q, k, v, scale):
 
 
 def s2o_pass1(q, k, v, *, segment_len, local_window, block_m, block_n, scale=None):
-    """Pass-1: ``(m2 [B*Hq, L], l [B*Hq, L], acc [B*Hq, L, D])`` fp32 states in original order."""
+    """Pass-1 state in original order: ``m2 [B*Hq, L]`` and ``l [B*Hq, L]`` fp32, and the
+    normalized partial output ``o = acc / l`` ``[B*Hq, L, D]`` in q's dtype (half the bytes of an
+    fp32 ``acc``; Pass-2 restores ``acc = o * l``)."""
     q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
     B, Hq, L, D = q.shape
     m = torch.empty(B * Hq, L, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
-    acc = torch.empty(B * Hq, L, D, dtype=torch.float32, device=q.device)
+    o = torch.empty(B * Hq, L, D, dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(L, block_m), B * Hq)
+    descs, use_desc = kernel_kv_args(k, v, block_n)
     _s2o_pass1_kernel[grid](
-        q, k, v, m, l, acc, *_strides(q), *_strides(k), *_strides(v), L, Hq, Hq // k.shape[1],
-        segment_len, local_window, qk_scale, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
-        IEEE=ieee, **_launch_config("pass1", D, q.device),
+        q, k, v, *descs, m, l, o, *_strides(q), *_strides(k), *_strides(v), L, Hq,
+        Hq // k.shape[1], segment_len, local_window, qk_scale, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_D=D, IEEE=ieee, USE_DESC=use_desc, **_launch_config("pass1", D, q.device),
     )  # fmt: skip
-    return m, l, acc
+    return m, l, o
 
 
 def s2o_pass2(
@@ -425,9 +460,9 @@ def s2o_pass2(
     visited = torch.empty(B, Hq, n_tiles, dtype=torch.int32, device=q.device)
     kvp = kv_perm if kv_perm.numel() else kv_perm.new_zeros(B, Hq, 1, 1)
     early_stop = tau > 0 if early_stop is None else early_stop
-    m, l, acc = state
+    m, l, o1 = state
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
-        q, k, v, out, q_perm.contiguous(), kvp, m, l, acc, visited,
+        q, k, v, out, q_perm.contiguous(), kvp, m, l, o1, visited,
         *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp), L, Hq, Hq // k.shape[1],
         segment_len, local_window, n_tiles, qk_scale, float(tau),
         _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m,
@@ -451,13 +486,14 @@ def s2o_fused(
     visited = torch.empty(B, Hq, n_tiles, dtype=torch.int32, device=q.device)
     kvp = kv_perm if kv_perm.numel() else kv_perm.new_zeros(B, Hq, 1, 1)
     early_stop = tau > 0 if early_stop is None else early_stop
+    descs, use_desc = kernel_kv_args(k, v, block_n)
     _s2o_fused_kernel[(n_tiles, B * Hq)](
-        q, k, v, out, kvp, visited, *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp),
-        L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale, float(tau),
-        _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
-        GATHER=gather, EARLY_STOP=early_stop,
+        q, k, v, *descs, out, kvp, visited, *_strides(q), *_strides(k), *_strides(v),
+        *_kv_strides(kvp), L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale,
+        float(tau), _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
-        STOP_GROW=_STOP_CHUNK["grow"],
+        STOP_GROW=_STOP_CHUNK["grow"], USE_DESC=use_desc,
         **_launch_config("fused", D, q.device),
     )  # fmt: skip
     return out, visited
