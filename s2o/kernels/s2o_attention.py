@@ -258,6 +258,16 @@ def _ranked_walk(
 
 
 @triton.jit
+def _program_tile(H, GROUP, BLOCK_M: tl.constexpr):
+    """Grid ``(query tiles, B * Hq)``, the last query tile first (the longest work first):
+    ``(tile, bh, b, h, hk, a)`` with ``a`` the tile's first row (or walk slot)."""
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    h = bh % H
+    return tile, bh, bh // H, h, h // GROUP, tile * BLOCK_M
+
+
+@triton.jit
 def _s2o_pass1_kernel(
     Q, K, V, K_desc, V_desc, M_buf, L_buf, O_buf,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
@@ -270,12 +280,7 @@ def _s2o_pass1_kernel(
     Grid ``(cdiv(L, BLOCK_M), B * Hq)``; ``m2``, ``l`` are ``[B*Hq, L]`` fp32 and ``o = acc / l``
     is ``[B*Hq, L, D]`` in ``O_buf``'s dtype (the input dtype).
     """
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest tiles first
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    a = tile * BLOCK_M
+    tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
     lo = tl.maximum((a // S) * S - W, 0)
     rows = a + tl.arange(0, BLOCK_M)
     row_ok = rows < L
@@ -313,12 +318,7 @@ def _s2o_pass2_kernel(
     position is ``q_perm[b, h, tile*BM + r]`` (identity without USE_QPERM). Key tile ``j`` is
     ``kv_perm[b, h, n, j*BN : (j+1)*BN]``. ``VISITED[b*Hq + h, tile]`` gets the tiles visited.
     """
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest walks first
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    a = tile * BLOCK_M
+    tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
     seg = a // S
     seg_start = seg * S
     P = tl.minimum(tl.maximum(seg_start - W, 0), MAX_P)
@@ -358,12 +358,7 @@ def _s2o_fused_kernel(
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    a = tile * BLOCK_M
+    tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
     seg = a // S
     seg_start = seg * S
     lo = tl.maximum(seg_start - W, 0)
@@ -440,6 +435,18 @@ def s2o_pass1(q, k, v, *, segment_len, local_window, block_m, block_n, scale=Non
     return m, l, o
 
 
+def _walk_buffers(q, k, v, kv_perm, scale, block_m, out):
+    """Inputs of a walking kernel: ``(_prep(...), out, visited, kv_perm)`` (an empty ``kv_perm``
+    becomes a dummy that is never read)."""
+    prepped = _prep(q, k, v, scale)
+    q = prepped[0]
+    B, Hq, L, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    visited = torch.empty(B, Hq, triton.cdiv(L, block_m), dtype=torch.int32, device=q.device)
+    kvp = kv_perm if kv_perm.numel() else kv_perm.new_zeros(B, Hq, 1, 1)
+    return prepped, out, visited, kvp
+
+
 def s2o_pass2(
     q, k, v, state, q_perm, kv_perm, *, segment_len, local_window, block_m, block_n, tau,
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
@@ -453,12 +460,11 @@ def s2o_pass2(
     ``"discard"`` the tile that triggers the stop (same decisions and visits). ``walk_budget``:
     at most that many key tiles per query tile (``None``: no cap).
     """
-    q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
+    (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
+        q, k, v, kv_perm, scale, block_m, out
+    )
     B, Hq, L, D = q.shape
-    n_tiles = triton.cdiv(L, block_m)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-    visited = torch.empty(B, Hq, n_tiles, dtype=torch.int32, device=q.device)
-    kvp = kv_perm if kv_perm.numel() else kv_perm.new_zeros(B, Hq, 1, 1)
+    n_tiles = visited.shape[-1]
     early_stop = tau > 0 if early_stop is None else early_stop
     m, l, o1 = state
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
@@ -479,12 +485,11 @@ def s2o_fused(
     gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None,
 ):  # fmt: skip
     """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`."""
-    q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
+    (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
+        q, k, v, kv_perm, scale, block_m, out
+    )
     B, Hq, L, D = q.shape
-    n_tiles = triton.cdiv(L, block_m)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-    visited = torch.empty(B, Hq, n_tiles, dtype=torch.int32, device=q.device)
-    kvp = kv_perm if kv_perm.numel() else kv_perm.new_zeros(B, Hq, 1, 1)
+    n_tiles = visited.shape[-1]
     early_stop = tau > 0 if early_stop is None else early_stop
     descs, use_desc = kernel_kv_args(k, v, block_n)
     _s2o_fused_kernel[(n_tiles, B * Hq)](
