@@ -148,13 +148,13 @@ def _bsa_fwd_kernel(
     b32, hk32 = b.to(tl.int32), hk.to(tl.int32)
     for i in range(0, n_list):
         c = tl.load(idx_base + i * sik).to(tl.int64)
-        if PERMUTED:  # rows gathered through the permutation: pointer loads
+        if PERMUTED:  # rows gathered through the permutation (pointer loads, USE_DESC off)
             kpos = tl.load(PERM + b * spb + h * sph + (c * BLOCK + offs_n) * spn).to(tl.int64)
         else:
             kpos = c * BLOCK + offs_n
         k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos,
                        (c * BLOCK).to(tl.int32), seq_len, BLOCK, HEAD_DIM, False,
-                       USE_DESC and not PERMUTED)  # fmt: skip
+                       USE_DESC)  # fmt: skip
         m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, False)
     for c in range(band_lo, qb):
         kpos = (c * BLOCK + offs_n).to(tl.int64)
@@ -241,7 +241,9 @@ def block_sparse_attention(
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     warps, stages = _launch_config(block_size, D)
     perm_strides = (perm.stride(0), perm.stride(1), perm.stride(2)) if permuted else (0, 0, 0)
-    descs, use_desc = kernel_kv_args(k, v, block_size)
+    # PBS (permuted) gathers its listed blocks through the permutation; with descriptors for
+    # its own-segment band alone it ran 2% slower at 64K-128K on an H200 (results/baselines)
+    descs, use_desc = kernel_kv_args(k, v, block_size, enabled=not permuted)
     _bsa_fwd_kernel[(nq, B * Hq)](
         q, k, v, *descs, out, kv_idx, kv_count, perm,
         scale * LOG2E, L, nq, Hq, Hq // Hkv,

@@ -1,9 +1,10 @@
 """TMA tensor descriptors for the contiguous K/V tiles of the attention kernels.
 
 On Hopper-class GPUs (compute capability >= 9) the kernels load tiles of consecutive key rows
-(S2O's Pass-1 and the fused kernel's dense part, the block-sparse kernel's unpermuted blocks)
+(S2O's Pass-1 and the fused kernel's dense part, the block-sparse kernel without a permutation)
 through 4-D descriptors over ``[B, Hkv, L, D]``; rows past ``L`` come back as zeros. Gathered rows
-(S2O's ranked walk, PBS's permuted blocks) keep pointer loads. Both paths compute the same tiles.
+(S2O's ranked walk) and the permuted block-sparse kernel (PBS) keep pointer loads. Both paths
+compute the same tiles.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ def kv_descriptors(k: torch.Tensor, v: torch.Tensor, block_rows: int) -> tuple:
     )
 
 
-def kernel_kv_args(k: torch.Tensor, v: torch.Tensor, block_rows: int) -> tuple[tuple, bool]:
-    """``((K_desc, V_desc), USE_DESC)`` for a kernel launch; without descriptors K and V stand in
-    for the unused arguments."""
-    if use_descriptors(k, v):
+def kernel_kv_args(
+    k: torch.Tensor, v: torch.Tensor, block_rows: int, enabled: bool = True
+) -> tuple[tuple, bool]:
+    """``((K_desc, V_desc), USE_DESC)`` for a kernel launch; without descriptors (``enabled``
+    False, or :func:`use_descriptors` False) K and V stand in for the unused arguments."""
+    if enabled and use_descriptors(k, v):
         return kv_descriptors(k, v, block_rows), True
     return (k, v), False
