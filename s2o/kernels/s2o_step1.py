@@ -13,9 +13,8 @@ Output layout (the specification's): ``q_perm`` ``[B, Hq, L]`` int64 absolute po
 ``kv_perm`` ``[B, Hq, N, P_max]`` ranked prefix per segment padded with ``-1``, int64 or int32
 (``index_dtype``; the kernels read either, the reference needs int64).
 
-Scores are fp32 dot products (no tf32), so the order matches the reference up to the summation
-order of the fp32 dot products; ties keep ascending token order (stable sort). For bf16 keys on
-CUDA they are computed exactly term by term with bf16 tensor cores (:func:`_score_operands`).
+Scores are fp32 dot products of fp32-upcast inputs (no tf32), so the order matches the reference up
+to the summation order of the fp32 dot products; ties keep ascending token order (stable sort).
 """
 
 from __future__ import annotations
@@ -284,45 +283,15 @@ def s2o_step1(
     kv_perm = torch.empty(B, Hq, n_seg, p_max, dtype=index_dtype, device=q.device)
     if p_max == 0:
         return q_perm, kv_perm
-    q_ops, k_ops, scores = _score_operands(q_mean.view(B, Hkv, group, n_seg, D), k, p_max)
+    q_mean = q_mean.view(B, Hkv, group, n_seg, D)
+    # fp32 scores, never tf32; converting all of a contiguous k and slicing after is a vectorized
+    # copy (a strided slice first was 2x slower on an H200)
+    kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
     groups = _sort_groups(prefix, B * Hq, sort_mode)
     kv_perm[:, :, : groups[0][0]] = -1  # segments with an empty prefix
     for a, b in groups:
         width = prefix[b - 1]
-        qm = q_ops[:, :, :, a:b].reshape(B * Hkv, group * (b - a), -1)
-        s_k = scores(qm, k_ops[:, :, :width].reshape(B * Hkv, width, -1).transpose(1, 2))
-        _rank_chunk(s_k.view(B, Hq, b - a, width), kv_perm, prefix, a, S, local_window, sort_mode)
+        qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
+        s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
+        _rank_chunk(s_k, kv_perm, prefix, a, S, local_window, sort_mode)
     return q_perm, kv_perm
-
-
-def split_bf16(x: torch.Tensor) -> torch.Tensor:
-    """fp32 ``x`` ``[..., D]`` -> bf16 ``[..., 3D]`` = ``[hi | mid | lo]``, ``hi + mid + lo == x``
-    (three 8-bit significands carry fp32's 24; bf16 has fp32's exponent range). Exact for
-    ``2**-109 <= |x| <=`` bf16's largest value; below, the lower terms lose bits to subnormals (an
-    absolute error under ``2**-126``)."""
-    hi = x.to(torch.bfloat16)
-    rest = x - hi.float()
-    mid = rest.to(torch.bfloat16)
-    lo = (rest - mid.float()).to(torch.bfloat16)
-    return torch.cat([hi, mid, lo], dim=-1)
-
-
-def _score_operands(q_mean: torch.Tensor, k: torch.Tensor, p_max: int):
-    """``(q_ops, k_ops, scores)``: key scores of a group are ``scores(q_ops rows, k_ops^T)``, fp32.
-
-    bf16 ``k`` on CUDA: ``q_mean`` is split exactly into three bf16 terms and ``k`` repeated three
-    times along ``D``, so one bf16 tensor-core product with fp32 output sums exact fp32 products
-    (each bf16 x bf16 product is exact): the fp32 dot product up to summation order, without an
-    fp32 copy of K or an fp32 GEMM (timings in results/kernels/README.md). Otherwise: fp32
-    inputs and an fp32 product (never tf32); converting all of a contiguous ``k`` and slicing after
-    is a vectorized copy (a strided slice first was 2x slower on an H200)."""
-    if k.dtype == torch.bfloat16 and k.is_cuda:
-        kp = k[:, :, :p_max]
-        k_ops = torch.cat([kp, kp, kp], dim=-1)
-
-        def scores(a, b):
-            return torch.bmm(a, b, out_dtype=torch.float32)
-
-        return split_bf16(q_mean), k_ops, scores
-    kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
-    return q_mean, kf, torch.bmm
