@@ -8,6 +8,7 @@ Usage (GPU machine): ``PYTHONPATH=. python3 benchmarks/step1_probe.py --rev <sha
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 from collections import defaultdict
@@ -17,6 +18,8 @@ from triton.testing import do_bench
 
 from benchmarks.bench_s2o import environment, structured_qkv
 from s2o.kernels import s2o_step1
+
+step1_mod = importlib.import_module("s2o.kernels.s2o_step1")  # the package re-exports the function
 
 CONFIGS = [("chunks", torch.int64), ("chunks", torch.int32), ("full", torch.int64),
            ("cub", torch.int64), ("cub", torch.int32)]  # fmt: skip
@@ -60,15 +63,24 @@ def main():
     q, k, _ = structured_qkv(B, Hq, Hkv, args.L, D)
     rec = {"env": environment(args.rev), "L": args.L, "S": S, "shape": [B, Hq, Hkv, D], "rows": []}
     ref = s2o_step1(q, k, segment_len=S)[1]
-    for mode, dtype in CONFIGS:
-        fn = lambda m=mode, d=dtype: s2o_step1(q, k, segment_len=S, sort_mode=m, index_dtype=d)  # noqa: E731
-        fn()
-        row = {"sort_mode": mode, "index_dtype": str(dtype),
-               "ms": do_bench(fn, warmup=5, rep=50, return_mode="median"),
-               "kernels_ms": profile(fn), "equal": torch.equal(fn()[1].long(), ref)}  # fmt: skip
-        print(json.dumps(row), flush=True)
-        rec["rows"].append(row)
-        torch.cuda.empty_cache()
+    # key scores: the library default (the key-score kernel for bf16 K) and, for comparison, an
+    # fp32 copy of K with cuBLAS fp32 GEMMs (the path before it); "differs" counts kv_perm
+    # entries that differ from the default's (near-ties ranked by other roundings)
+    for scores, fused in (("default", None), ("cublas_fp32", False)):
+        step1_mod._FUSED_SCORES[0] = fused
+        for mode, dtype in CONFIGS:
+            fn = lambda m=mode, d=dtype: s2o_step1(  # noqa: E731
+                q, k, segment_len=S, sort_mode=m, index_dtype=d
+            )
+            got = fn()[1].long()
+            row = {"scores": scores, "sort_mode": mode, "index_dtype": str(dtype),
+                   "ms": do_bench(fn, warmup=5, rep=50, return_mode="median"),
+                   "kernels_ms": profile(fn), "equal": torch.equal(got, ref),
+                   "differs": int((got != ref).sum())}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rec["rows"].append(row)
+            torch.cuda.empty_cache()
+    step1_mod._FUSED_SCORES[0] = None
     rec["by_S"] = {}  # Step 1 by segment length, per sort mode (int64 kv_perm)
     for s in (512, 1024, 2048, 4096):
         for mode in ("chunks", "cub"):

@@ -73,8 +73,8 @@ def test_step1_gpu_long_is_a_ranking():
 
 @pytest.mark.parametrize("L,S,W", [(32768, 2048, 0), (131072, 2048, 0), (20000, 512, 300)])
 def test_step1_gpu_cub_equals_torch_sort(L, S, W):
-    """CUB's radix sort over packed (row, score) keys and torch.sort rank the same fp32 scores:
-    identical kv_perm, bit for bit, at scale."""
+    """CUB's radix sort over packed (row, score) keys and torch.sort rank the same fp32 scores
+    (both from the key-score kernel for bf16 K): identical kv_perm, bit for bit, at scale."""
     q, k, _ = _qkv(1, 32, 8, L, 128, seed=2)
     qa, ka = s2o_step1(q, k, segment_len=S, local_window=W, sort_mode="cub")
     qb, kb = s2o_step1(q, k, segment_len=S, local_window=W, sort_mode="chunks")

@@ -6,6 +6,7 @@ tolerance is derived, not guessed: the kernel rounds the probabilities ``p`` to 
 before the ``P V`` product, so the yardstick is the error of exact attention rounded that way.
 """
 
+import importlib
 import math
 
 import pytest
@@ -90,6 +91,45 @@ def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, dtype, mode, gen)
     assert torch.equal(qp, rqp), f"q_perm differs at {(qp != rqp).nonzero()[:5].tolist()}"
     kvp = kvp.long()
     assert torch.equal(kvp, rkvp), f"kv_perm differs at {(kvp != rkvp).nonzero()[:5].tolist()}"
+
+
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,L,D,S,W",
+    [(1, 4, 2, 100, 16, 32, 0), (1, 4, 1, 136, 16, 32, 32), (1, 64, 1, 200, 16, 16, 8)],
+    ids=["gqa2", "window", "rows-past-one-block"],
+)
+@pytest.mark.parametrize("mode", ["chunks", "full", "cub"])
+def test_step1_fused_key_scores_equal_reference(B, Hq, Hkv, L, D, S, W, mode, gen):
+    """The key-score kernel (the default for bf16 K on CUDA) with fp32 operands on the CPU: its
+    rectangle (torch.sort modes) and its packed keys (cub) give the reference's indices; 64 query
+    heads on one key head put 64 x (segments per group) rows into several row blocks."""
+    step1 = importlib.import_module("s2o.kernels.s2o_step1")
+    q, k = _exact((B, Hq, L, D), gen), _exact((B, Hkv, L, D), gen)
+    step1._FUSED_SCORES[0] = True
+    try:
+        qp, kvp = s2o_step1(q, k, segment_len=S, local_window=W, sort_mode=mode)
+    finally:
+        step1._FUSED_SCORES[0] = None
+    rqp, rkvp = s2o_permutations(q, k, S, W)
+    assert torch.equal(qp, rqp)
+    assert torch.equal(kvp, rkvp), f"kv_perm differs at {(kvp != rkvp).nonzero()[:5].tolist()}"
+
+
+def test_split_bf16_is_exact(gen):
+    """The three bf16 terms of the key scores for bf16 K add up to the fp32 segment means exactly
+    for ``2**-109 <= |x| <= bf16 max``, so the MMA sums exact fp32 products."""
+    from s2o.kernels.s2o_step1 import split_bf16
+
+    x = torch.randn(4, 5000, 8, generator=gen) * torch.exp(
+        torch.randn(4, 5000, 8, generator=gen) * 8
+    )
+    edge = torch.tensor([0.0, -0.0, 1.0 + 2**-23, -(2 - 2**-23), 3.38e38, 2.0**-109, 1.5, -3.0])
+    x = torch.cat([x, edge.expand(4, 1, 8)], dim=1)
+    parts = split_bf16(x)
+    assert parts.dtype == torch.bfloat16 and parts.shape == (4, 3, 5001, 8)
+    hi, mid, lo = parts.float().unbind(dim=1)
+    assert torch.equal(hi + mid + lo, x)
+    assert bool((mid != 0).any()) and bool((lo != 0).any())
 
 
 @pytest.mark.parametrize("layout", ["bshd", "head_dim_24"])

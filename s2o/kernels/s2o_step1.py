@@ -130,14 +130,76 @@ def _s2o_cub_keys_kernel(
     pid, bh, j, P, cols = _chunk_tile(n0, nc, S, W, BLOCK)
     ok = cols < P
     score = tl.load(SC + bh.to(tl.int64) * stride_sbh + j * stride_sn + cols, mask=ok, other=0.0)
+    dst = bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W) + cols
+    tl.store(KEYS + dst, _desc_key(score).to(tl.int32), mask=ok)  # uint32 stored as int32
+    tl.store(VALS + dst, ((pid.to(tl.int64) << pos_bits) | cols).to(tl.int32), mask=ok)
+
+
+@triton.jit
+def _desc_key(score):
+    """fp32 -> int64 on ``[0, 2**32)``, ascending = descending score (``-0.0`` as ``+0.0``, NaN
+    first, as ``torch.sort``)."""
     b = score.to(tl.int32, bitcast=True)
     asc = tl.where(b < 0, b ^ 0x7FFFFFFF, b)  # order-preserving map of fp32 bits onto int32
     asc = tl.where((b & 0x7FFFFFFF) == 0, 0, asc)
     asc = tl.where(score != score, 2147483647, asc)
-    u = 2147483647 - asc.to(tl.int64)  # descending, on [0, 2**32)
-    dst = bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W) + cols
-    tl.store(KEYS + dst, u.to(tl.int32), mask=ok)  # the low 32 bits: uint32 as int32
-    tl.store(VALS + dst, ((pid.to(tl.int64) << pos_bits) | cols).to(tl.int32), mask=ok)
+    return 2147483647 - asc.to(tl.int64)
+
+
+@triton.jit
+def _s2o_key_scores_kernel(
+    QX, K, OUT, KEYS, VALS, ROW_P, ROW_START,
+    stride_kb, stride_kh, stride_kl, stride_ob, stride_oh, stride_on,
+    Hkv, GROUP, nc, rows, n_rb, width, head_keys, pos_bits,
+    NPARTS: tl.constexpr, RB: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    KEYS_OUT: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """Program (key tile, ``(b * Hkv + hk) * n_rb + row block``): scores of ``RB`` rows
+    ``r = g * nc + j`` (query head ``hk * GROUP + g``, segment ``n0 + j``) of one group against
+    ``BLOCK_N`` keys read once from K in its own dtype. ``QX`` ``[B*Hkv, NPARTS, n_rb*RB, D]``
+    holds the segment means as NPARTS terms (bf16 ``hi, mid, lo`` or one fp32 term), summed in
+    fp32 by the MMA, smallest first. Columns at or past the row's prefix ``ROW_P[j]`` are not
+    keys. KEYS_OUT: the packed sort keys and values of :func:`_s2o_cub_keys_kernel`'s layout;
+    otherwise the fp32 rectangle ``OUT`` ``[B, Hq, nc, width]`` with ``-inf`` past the prefix."""
+    pid_kv = tl.program_id(1) // n_rb
+    rb = tl.program_id(1) % n_rb
+    b = (pid_kv // Hkv).to(tl.int64)
+    hk = pid_kv % Hkv
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    kt = tl.load(K + b * stride_kb + hk * stride_kh + cols[:, None].to(tl.int64) * stride_kl
+                 + offs_d[None, :], mask=(cols < width)[:, None], other=0.0)  # fmt: skip
+    r = rb * RB + tl.arange(0, RB)
+    q_rows = QX + (pid_kv.to(tl.int64) * NPARTS * n_rb * RB + r[:, None]) * HEAD_D + offs_d[None, :]
+    acc = tl.zeros([RB, BLOCK_N], dtype=tl.float32)
+    for t in tl.static_range(NPARTS):
+        qp = tl.load(q_rows + (NPARTS - 1 - t) * n_rb * RB * HEAD_D)
+        if IEEE:
+            acc = tl.dot(qp, tl.trans(kt), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(qp, tl.trans(kt), acc)
+    g = r // nc
+    j = r % nc
+    row_ok = r < rows
+    P = tl.load(ROW_P + j, mask=row_ok, other=0)
+    key = row_ok[:, None] & (cols[None, :] < P[:, None])
+    bh = b * (Hkv * GROUP) + hk * GROUP + g  # [RB]
+    if KEYS_OUT:
+        dst = (bh * head_keys + tl.load(ROW_START + j, mask=row_ok, other=0))[:, None] + cols[
+            None, :
+        ]
+        tl.store(KEYS + dst, _desc_key(acc).to(tl.int32), mask=key)
+        val = ((bh * nc + j).to(tl.int64) << pos_bits)[:, None] | cols[None, :]
+        tl.store(VALS + dst, val.to(tl.int32), mask=key)
+    else:
+        o = (
+            OUT
+            + (b * stride_ob + (hk * GROUP + g) * stride_oh + j * stride_on)[:, None]
+            + cols[None, :]
+        )
+        tl.store(
+            o, tl.where(key, acc, float("-inf")), mask=row_ok[:, None] & (cols < width)[None, :]
+        )
 
 
 def _segment_means(x: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -171,13 +233,17 @@ def _query_stats(q: torch.Tensor, k_guide: torch.Tensor, segment_len: int):
     return q_mean, s_q
 
 
-def _rank_chunk(s_k, kv_perm, prefix, a, segment_len, local_window, sort_mode):
-    """Sort chunk ``a..a+nc-1``'s scores ``[B, Hq, nc, width]`` and write its rows of ``kv_perm``
-    (the placing kernel writes each row's ``-1`` padding in the same pass).
+def _rank_chunk(
+    s_k, kv_perm, prefix, a, segment_len, local_window, sort_mode, keys=None, masked=False
+):
+    """Rank chunk ``a..a+nc-1`` and write its rows of ``kv_perm`` (the placing kernel writes each
+    row's ``-1`` padding in the same pass). ``s_k`` ``[B, Hq, nc, width]`` fp32 scores.
 
-    ``torch.sort``: columns past a row's prefix are set to ``-inf`` first (they sort after every
-    real score and are cut off when placing). ``"cub"``: the valid keys of all rows, back to back,
-    go through :func:`~s2o.kernels.cub_sort.rank_rows` (two stable device-wide radix sorts)."""
+    ``torch.sort``: columns past a row's prefix must hold ``-inf`` (they sort after every real
+    score and are cut off when placing); set here unless ``masked``. ``"cub"``: the valid keys of
+    all rows, back to back, go through :func:`~s2o.kernels.cub_sort.rank_rows` (two stable
+    device-wide radix sorts); ``keys`` = ``(keys, vals)`` already packed, or None to pack them
+    from ``s_k``."""
     B, Hq, nc, width = s_k.shape
     n_seg, p_max = kv_perm.shape[2], kv_perm.shape[3]
     block = 1024
@@ -185,24 +251,84 @@ def _rank_chunk(s_k, kv_perm, prefix, a, segment_len, local_window, sort_mode):
     geo = (a, nc, n_seg, width, p_max, segment_len, local_window)
     if sort_mode == "cub":
         head_keys = sum(prefix[a : a + nc])
-        pos_bits, row_bits = (
-            max(1, (width - 1).bit_length()),
-            max(1, (B * Hq * nc - 1).bit_length()),
-        )
-        keys = torch.empty(B * Hq * head_keys, dtype=torch.int32, device=s_k.device)
-        vals = torch.empty(B * Hq * head_keys, dtype=torch.int32, device=s_k.device)
-        _s2o_cub_keys_kernel[(triton.cdiv(width, block), B * Hq * nc)](
-            s_k, keys, vals, s_k.stride(1), s_k.stride(2), a, nc, segment_len, local_window,
-            head_keys, pos_bits, BLOCK=block,
-        )  # fmt: skip
-        idx = rank_rows(keys, vals, pos_bits, row_bits)
+        pos_bits, row_bits = _cub_bits(width, B * Hq * nc)
+        if keys is None:
+            keys = tuple(
+                torch.empty(B * Hq * head_keys, dtype=torch.int32, device=s_k.device)
+                for _ in range(2)
+            )
+            _s2o_cub_keys_kernel[(triton.cdiv(width, block), B * Hq * nc)](
+                s_k, *keys, s_k.stride(1), s_k.stride(2), a, nc, segment_len, local_window,
+                head_keys, pos_bits, BLOCK=block,
+            )  # fmt: skip
+        idx = rank_rows(*keys, pos_bits, row_bits)
         _s2o_place_kernel[grid](idx, kv_perm, *geo, head_keys, pos_bits, BLOCK=block, COMPACT=True)
         return
-    for j in range(nc):
-        if prefix[a + j] < width:
-            s_k[:, :, j, prefix[a + j] :] = float("-inf")
+    if not masked:
+        for j in range(nc):
+            if prefix[a + j] < width:
+                s_k[:, :, j, prefix[a + j] :] = float("-inf")
     idx = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
     _s2o_place_kernel[grid](idx, kv_perm, *geo, 0, 0, BLOCK=block, COMPACT=False)
+
+
+def _cub_bits(width: int, rows: int) -> tuple[int, int]:
+    return max(1, (width - 1).bit_length()), max(1, (rows - 1).bit_length())
+
+
+# Key scores from one Triton kernel that reads K in its own dtype (None: for bf16 K on CUDA; True
+# forces it, with fp32 operands off CUDA: tests; False: the fp32 copy of K and cuBLAS fp32 GEMMs)
+_FUSED_SCORES: list[bool | None] = [None]
+
+
+def split_bf16(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``x`` ``[..., R, D]`` -> bf16 ``[..., 3, R, D]``: ``hi, mid, lo`` with ``hi + mid + lo
+    == x`` (three 8-bit significands carry fp32's 24; bf16 has fp32's exponent range). Exact for
+    ``2**-109 <= |x| <=`` bf16's largest value; below, the lower terms lose bits to subnormals (an
+    absolute error under ``2**-126``)."""
+    hi = x.to(torch.bfloat16)
+    rest = x - hi.float()
+    mid = rest.to(torch.bfloat16)
+    lo = (rest - mid.float()).to(torch.bfloat16)
+    return torch.stack([hi, mid, lo], dim=-3)
+
+
+def _fused_group(q_mean, k, prefix, a, b, sort_mode):
+    """Scores of segments ``a..b-1`` from :func:`_s2o_key_scores_kernel`: ``(s_k, keys)`` as
+    :func:`_rank_chunk` takes them (the rectangle for ``torch.sort``, the packed keys for cub).
+
+    bf16 K: the segment means enter as three exact bf16 terms, so the MMA sums exact fp32
+    products (the fp32 dot product up to summation order) while K is read once, in bf16."""
+    B, Hkv, group, _, D = q_mean.shape
+    Hq, nc, width = Hkv * group, b - a, prefix[b - 1]
+    rows = group * nc
+    rb = min(64, max(16, triton.next_power_of_2(rows)))
+    n_rb = triton.cdiv(rows, rb)
+    qm = q_mean[:, :, :, a:b].reshape(B * Hkv, rows, D)
+    qm = torch.nn.functional.pad(qm, (0, 0, 0, n_rb * rb - rows))
+    bf16 = k.dtype == torch.bfloat16 and k.is_cuda
+    qx, kx = (split_bf16(qm), k) if bf16 else (qm[:, None], k.float())
+    dev = k.device
+    row_p = torch.tensor(prefix[a:b], dtype=torch.int64, device=dev)
+    row_start = torch.tensor([sum(prefix[a : a + j]) for j in range(nc)], dtype=torch.int64,
+                             device=dev)  # fmt: skip
+    head_keys = sum(prefix[a:b])
+    if sort_mode == "cub":
+        s_k = torch.empty(1, device=dev).expand(B, Hq, nc, width)  # its shape only
+        keys = tuple(torch.empty(B * Hq * head_keys, dtype=torch.int32, device=dev) for _ in "kv")
+        out, pos_bits = keys[0], _cub_bits(width, B * Hq * nc)[0]
+    else:
+        s_k = torch.empty(B, Hq, nc, width, dtype=torch.float32, device=dev)
+        keys, out, pos_bits = None, s_k, 0
+    block_n = 128
+    _s2o_key_scores_kernel[(triton.cdiv(width, block_n), B * Hkv * n_rb)](
+        qx, kx, out, *(keys or (out, out)), row_p, row_start,
+        kx.stride(0), kx.stride(1), kx.stride(2), *((0, 0, 0) if keys else s_k.stride()[:3]),
+        Hkv, group, nc, rows, n_rb, width, head_keys, pos_bits,
+        NPARTS=qx.shape[1], RB=rb, BLOCK_N=block_n, HEAD_D=D, KEYS_OUT=keys is not None,
+        IEEE=qx.dtype == torch.float32, num_warps=4,
+    )  # fmt: skip
+    return s_k, keys
 
 
 def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -284,14 +410,24 @@ def s2o_step1(
     if p_max == 0:
         return q_perm, kv_perm
     q_mean = q_mean.view(B, Hkv, group, n_seg, D)
-    # fp32 scores, never tf32; converting all of a contiguous k and slicing after is a vectorized
-    # copy (a strided slice first was 2x slower on an H200)
-    kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
+    fused = _FUSED_SCORES[0]
+    fused = (k.is_cuda and k.dtype == torch.bfloat16) if fused is None else fused
+    if fused and (k.stride(-1) != 1 or D & (D - 1) or D < 16):
+        raise ValueError(f"the fused key scores need a contiguous power-of-two head_dim >= 16, "
+                         f"got D={D}, stride {k.stride(-1)}")  # fmt: skip
+    if not fused:
+        # fp32 scores, never tf32; converting all of a contiguous k and slicing after is a
+        # vectorized copy (a strided slice first was 2x slower on an H200)
+        kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
     groups = _sort_groups(prefix, B * Hq, sort_mode)
     kv_perm[:, :, : groups[0][0]] = -1  # segments with an empty prefix
     for a, b in groups:
         width = prefix[b - 1]
-        qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
-        s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
-        _rank_chunk(s_k, kv_perm, prefix, a, S, local_window, sort_mode)
+        if fused:
+            s_k, keys = _fused_group(q_mean, k, prefix, a, b, sort_mode)
+        else:
+            qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
+            s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
+            keys = None
+        _rank_chunk(s_k, kv_perm, prefix, a, S, local_window, sort_mode, keys, masked=fused)
     return q_perm, kv_perm
