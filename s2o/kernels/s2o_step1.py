@@ -293,7 +293,7 @@ def split_bf16(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([hi, mid, lo], dim=-3)
 
 
-def _fused_group(q_mean, k, prefix, a, b, sort_mode):
+def _fused_group(q_mean, k, prefix, a, b, sort_mode, prefix_t, start_t):
     """Scores of segments ``a..b-1`` from :func:`_s2o_key_scores_kernel`: ``(s_k, keys)`` as
     :func:`_rank_chunk` takes them (the rectangle for ``torch.sort``, the packed keys for cub).
 
@@ -309,9 +309,9 @@ def _fused_group(q_mean, k, prefix, a, b, sort_mode):
     bf16 = k.dtype == torch.bfloat16 and k.is_cuda
     qx, kx = (split_bf16(qm), k) if bf16 else (qm[:, None], k.float())
     dev = k.device
-    row_p = torch.tensor(prefix[a:b], dtype=torch.int64, device=dev)
-    row_start = torch.tensor([sum(prefix[a : a + j]) for j in range(nc)], dtype=torch.int64,
-                             device=dev)  # fmt: skip
+    # row j's prefix and where its keys start among the group's: no host-to-device copy (a copy
+    # from host memory per group waited for the GPU to drain)
+    row_p, row_start = prefix_t[a:b], start_t[a:b] - start_t[a]
     head_keys = sum(prefix[a:b])
     if sort_mode == "cub":
         s_k = torch.empty(1, device=dev).expand(B, Hq, nc, width)  # its shape only
@@ -410,21 +410,26 @@ def s2o_step1(
     if p_max == 0:
         return q_perm, kv_perm
     q_mean = q_mean.view(B, Hkv, group, n_seg, D)
+    fits = k.stride(-1) == 1 and not D & (D - 1) and D >= 16  # the key-score kernel's layout
     fused = _FUSED_SCORES[0]
-    fused = (k.is_cuda and k.dtype == torch.bfloat16) if fused is None else fused
-    if fused and (k.stride(-1) != 1 or D & (D - 1) or D < 16):
-        raise ValueError(f"the fused key scores need a contiguous power-of-two head_dim >= 16, "
+    if fused is None:
+        fused = fits and k.is_cuda and k.dtype == torch.bfloat16
+    elif fused and not fits:
+        raise ValueError(f"the key-score kernel needs a contiguous power-of-two head_dim >= 16, "
                          f"got D={D}, stride {k.stride(-1)}")  # fmt: skip
     if not fused:
         # fp32 scores, never tf32; converting all of a contiguous k and slicing after is a
         # vectorized copy (a strided slice first was 2x slower on an H200)
         kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
+    else:
+        prefix_t = (torch.arange(n_seg, device=k.device) * S - local_window).clamp_(min=0)
+        start_t = prefix_t.cumsum(0) - prefix_t  # exclusive prefix sums
     groups = _sort_groups(prefix, B * Hq, sort_mode)
     kv_perm[:, :, : groups[0][0]] = -1  # segments with an empty prefix
     for a, b in groups:
         width = prefix[b - 1]
         if fused:
-            s_k, keys = _fused_group(q_mean, k, prefix, a, b, sort_mode)
+            s_k, keys = _fused_group(q_mean, k, prefix, a, b, sort_mode, prefix_t, start_t)
         else:
             qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
             s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
