@@ -2,19 +2,24 @@
 
 Batched over batch, heads and segments: no per-head Python loop and no host synchronisation (every
 shape follows from ``L``, ``S`` and ``W``). The only Python loop runs over *groups of segments*:
-each group's keys are scored by one fp32 matrix product into a ``[B, Hq, group, P_last]``
-rectangle and ranked by one ``torch.sort`` call (see :func:`_sort_groups` for how the group size
-picks torch's sort algorithm) or, with ``sort_mode="cub"``, by two CUB radix sorts over packed
-keys (:mod:`s2o.kernels.cub_sort`; opt-in, it compiles a CUDA extension). Around the sort,
-Triton kernels read the queries once (segment means and query scores together) and write each
-sorted group into ``kv_perm`` with its ``-1`` padding in one pass.
+each group's keys are scored into a ``[B, Hq, group, P_last]`` rectangle and ranked by one
+``torch.sort`` call (see :func:`_sort_groups` for how the group size picks torch's sort
+algorithm) or, with ``sort_mode="cub"``, scored straight into packed keys and ranked by two CUB
+radix sorts (:mod:`s2o.kernels.cub_sort`; opt-in, it compiles a CUDA extension). Around the
+sort, Triton kernels read the queries once (segment means and query scores together) and write
+each sorted group into ``kv_perm`` with its ``-1`` padding in one pass.
+
+Key scores: for bf16 K on CUDA, :func:`_s2o_key_scores_kernel` reads K once in bf16 and takes the
+segment means as three bf16 terms that add up to the fp32 mean exactly (:func:`split_bf16`), so
+the MMA sums exact fp32 products; otherwise an fp32 copy of K and an fp32 matrix product.
 
 Output layout (the specification's): ``q_perm`` ``[B, Hq, L]`` int64 absolute positions,
 ``kv_perm`` ``[B, Hq, N, P_max]`` ranked prefix per segment padded with ``-1``, int64 or int32
 (``index_dtype``; the kernels read either, the reference needs int64).
 
-Scores are fp32 dot products of fp32-upcast inputs (no tf32), so the order matches the reference up
-to the summation order of the fp32 dot products; ties keep ascending token order (stable sort).
+Scores are fp32 dot products (no tf32), so the order matches the reference up to the summation
+order of the fp32 dot products (near-ties can swap: on the 128K benchmark input 0.9% of the
+``kv_perm`` entries differ between the two score paths); ties keep ascending token order.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from .cub_sort import rank_rows
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
 # defaults of s2o_step1; set_step1_config changes them (benchmarks/step1_probe.py compares all;
-# H200, 128K, S=2048: chunks 14.2 ms, full 16.3, cub 9.25, cub with int32 kv_perm 8.99). "cub" is
-# not the default because it compiles a CUDA extension on first use (needs nvcc).
+# H200, 128K, S=2048, bf16: chunks 13.1 ms, full 14.0, cub 8.3, cub with int32 kv_perm 8.0).
+# "cub" is not the default because it compiles a CUDA extension on first use (needs nvcc).
 STEP1_CONFIG = {"index_dtype": torch.int64, "sort_mode": "chunks"}
 _SORT_MODES = ("chunks", "full", "cub")
 
