@@ -232,6 +232,11 @@ def test_kernels_match_reference_descriptor_loads(case, gen):
         set_descriptor_loads(None)
 
 
+def test_set_descriptor_loads_rejects_a_bad_value():
+    with pytest.raises(ValueError, match="'yes'"):
+        set_descriptor_loads("yes")
+
+
 def test_tau_zero_equals_dense_attention(gen):
     """No early stop: the kernel is exact dense causal attention (checked against fp64)."""
     q, k, v = _qkv(1, 4, 2, 100, 16, torch.float16, gen)
