@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ if "--smoke" in sys.argv:  # Triton reads this when the kernels are decorated (i
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import s2o  # noqa: E402
+from experiments.provenance import git_revision
 from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists  # noqa: E402
 from s2o.methods.full import full_attention  # noqa: E402
 from s2o.stats import dense_causal_tile_count  # noqa: E402
@@ -86,18 +86,6 @@ def project_qkv(L, *, B=1, Hq=32, Hkv=8, D=128, seed=0, dtype=torch.bfloat16, de
 
 
 INPUTS = {"project": project_qkv, "simple": None}  # "simple" filled below
-
-
-def git_rev(arg: str | None) -> str:
-    if arg:
-        return arg
-    if os.environ.get("S2O_GIT_REV"):
-        return os.environ["S2O_GIT_REV"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 INPUTS["simple"] = structured_qkv
@@ -378,7 +366,7 @@ def main(argv=None):
     densities = [float(x) for x in args.densities.split(",")]
     bench = timer(args.smoke)
     record = {
-        "environment": environment(git_rev(args.rev)),
+        "environment": environment(git_revision(args.rev)),
         "shape": {**shape["dims"], "dtype": str(shape["dtype"]), "causal": True, "block": 128},
         "input": (
             "eval/synthetic.py SyntheticSpec defaults, seed 0"

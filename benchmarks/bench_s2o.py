@@ -27,7 +27,6 @@ import argparse
 import importlib
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -36,6 +35,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
+from experiments.provenance import git_revision
 from s2o.kernels import s2o_attention as attn_mod
 from s2o.kernels import (
     s2o_fused,
@@ -211,12 +211,15 @@ STEP1_VARIANTS = (("chunks", 4), ("chunks", 8), ("chunks", 16), ("full", None))
 def step1_breakdown(q, k, S):
     """Step 1 at one shape, per sort grouping (mode, number of chunks): the total, and the key
     scoring (fp32 products into the sort rectangles) and the sort of those rectangles timed
-    apart; plus the total with an int32 kv_perm for the default grouping."""
+    apart; plus the total with an int32 kv_perm for the default grouping. Every number here is
+    of the fp32-copy + cuBLAS scoring path (``"scores"`` in the record), so the parts add up to
+    the totals; ``benchmarks/step1_probe.py`` profiles both scoring paths."""
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
     n_seg = triton.cdiv(L, S)
     prefix = [n * S for n in range(n_seg)]
-    out = {"keys": B * Hq * sum(prefix), "variants": []}
+    out = {"keys": B * Hq * sum(prefix), "scores": "cublas_fp32", "variants": []}
+    step1_mod._FUSED_SCORES[0] = False
     q_mean = step1_mod._segment_means(q, S).view(B, Hkv, Hq // Hkv, n_seg, D)
     kf = k.float()
     default_chunks = step1_mod._MAX_SORT_CHUNKS
@@ -243,6 +246,7 @@ def step1_breakdown(q, k, S):
     out["total_default_int32_ms"] = bench(
         lambda: s2o_step1(q, k, segment_len=S, index_dtype=torch.int32), L
     )
+    step1_mod._FUSED_SCORES[0] = None
     return out
 
 
@@ -275,15 +279,9 @@ def tune(q, k, v, perms, S):
 
 
 def environment(rev):
-    if rev is None:
-        try:
-            rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                 check=True).stdout.strip()  # fmt: skip
-        except Exception:
-            rev = os.environ.get("S2O_GIT_REV", "unknown")
     return {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": triton.__version__, "cuda": torch.version.cuda, "git_rev": rev,
+        "triton": triton.__version__, "cuda": torch.version.cuda, "git_rev": git_revision(rev),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }  # fmt: skip
 

@@ -162,6 +162,8 @@ def main():
     print(json.dumps(rec["env"]), flush=True)
     ref = None
     for spec in args.baseline:
+        if "=" not in spec:
+            ap.error(f"--baseline wants NAME=FILE, got {spec!r}")
         name, path = spec.split("=", 1)
         base = measure(load_module(path), q, k, v, perms, geo, TAUS, ref)
         ref = base.pop("_outputs", None) if ref is None else ref

@@ -9,7 +9,6 @@ import os
 import platform
 import socket
 import statistics
-import subprocess
 import time
 import traceback
 from collections.abc import Callable
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
+from .provenance import git_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 # Keys that do not change what is computed: left out of a run's identity (its hash).
@@ -89,21 +90,6 @@ def point_record_path(resolved: dict) -> Path:
 def experiment_record_path(resolved: dict) -> Path:
     rid = identity(resolved, NOT_IDENTITY)
     return Path(resolved["results_dir"]) / "experiments" / resolved["name"] / rid / "record.json"
-
-
-def git_revision(explicit: str | None) -> str:
-    """``git_rev`` from the config, else $S2O_GIT_REV, else ``git rev-parse HEAD``, else unknown."""
-    if explicit:
-        return explicit
-    if os.environ.get("S2O_GIT_REV"):
-        return os.environ["S2O_GIT_REV"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def environment(device: torch.device, git_rev: str | None) -> dict:
