@@ -155,17 +155,18 @@ def _desc_key(score):
 def _s2o_key_scores_kernel(
     QX, K, OUT, KEYS, VALS, ROW_P, ROW_START,
     stride_kb, stride_kh, stride_kl, stride_ob, stride_oh, stride_on,
-    Hkv, GROUP, nc, rows, n_rb, width, head_keys, pos_bits,
+    Hkv, GROUP, n0, nc, n_seg, rows, n_rb, width, head_keys, pos_bits,
     NPARTS: tl.constexpr, RB: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     KEYS_OUT: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     """Program (key tile, ``(b * Hkv + hk) * n_rb + row block``): scores of ``RB`` rows
     ``r = g * nc + j`` (query head ``hk * GROUP + g``, segment ``n0 + j``) of one group against
-    ``BLOCK_N`` keys read once from K in its own dtype. ``QX`` ``[B*Hkv, NPARTS, n_rb*RB, D]``
-    holds the segment means as NPARTS terms (bf16 ``hi, mid, lo`` or one fp32 term), summed in
-    fp32 by the MMA, smallest first. Columns at or past the row's prefix ``ROW_P[j]`` are not
-    keys. KEYS_OUT: the packed sort keys and values of :func:`_s2o_cub_keys_kernel`'s layout;
-    otherwise the fp32 rectangle ``OUT`` ``[B, Hq, nc, width]`` with ``-inf`` past the prefix."""
+    ``BLOCK_N`` keys read once from K in its own dtype. ``QX`` ``[B*Hkv, NPARTS, GROUP*n_seg, D]``
+    holds the segment means of all segments as NPARTS terms (bf16 ``hi, mid, lo`` or one fp32
+    term), summed in fp32 by the MMA, smallest first. Columns at or past the row's prefix
+    ``ROW_P[n0 + j]`` are not keys; the row's keys start at ``ROW_START[n0 + j] - ROW_START[n0]``
+    among the group's. KEYS_OUT: the packed sort keys and values of :func:`_s2o_cub_keys_kernel`'s
+    layout; otherwise the fp32 rectangle ``OUT`` ``[B, Hq, nc, width]``, -inf past the prefix."""
     pid_kv = tl.program_id(1) // n_rb
     rb = tl.program_id(1) % n_rb
     b = (pid_kv // Hkv).to(tl.int64)
@@ -175,24 +176,25 @@ def _s2o_key_scores_kernel(
     kt = tl.load(K + b * stride_kb + hk * stride_kh + cols[:, None].to(tl.int64) * stride_kl
                  + offs_d[None, :], mask=(cols < width)[:, None], other=0.0)  # fmt: skip
     r = rb * RB + tl.arange(0, RB)
-    q_rows = QX + (pid_kv.to(tl.int64) * NPARTS * n_rb * RB + r[:, None]) * HEAD_D + offs_d[None, :]
+    g = r // nc
+    j = r % nc
+    row_ok = r < rows
+    part = GROUP * n_seg * HEAD_D  # elements per term
+    q_rows = (QX + pid_kv.to(tl.int64) * NPARTS * part
+              + ((g * n_seg + n0 + j) * HEAD_D)[:, None] + offs_d[None, :])  # fmt: skip
     acc = tl.zeros([RB, BLOCK_N], dtype=tl.float32)
     for t in tl.static_range(NPARTS):
-        qp = tl.load(q_rows + (NPARTS - 1 - t) * n_rb * RB * HEAD_D)
+        qp = tl.load(q_rows + (NPARTS - 1 - t) * part, mask=row_ok[:, None], other=0.0)
         if IEEE:
             acc = tl.dot(qp, tl.trans(kt), acc, input_precision="ieee")
         else:
             acc = tl.dot(qp, tl.trans(kt), acc)
-    g = r // nc
-    j = r % nc
-    row_ok = r < rows
-    P = tl.load(ROW_P + j, mask=row_ok, other=0)
+    P = tl.load(ROW_P + n0 + j, mask=row_ok, other=0)
     key = row_ok[:, None] & (cols[None, :] < P[:, None])
     bh = b * (Hkv * GROUP) + hk * GROUP + g  # [RB]
     if KEYS_OUT:
-        dst = (bh * head_keys + tl.load(ROW_START + j, mask=row_ok, other=0))[:, None] + cols[
-            None, :
-        ]
+        start = tl.load(ROW_START + n0 + j, mask=row_ok, other=0) - tl.load(ROW_START + n0)
+        dst = (bh * head_keys + start)[:, None] + cols[None, :]
         tl.store(KEYS + dst, _desc_key(acc).to(tl.int32), mask=key)
         val = ((bh * nc + j).to(tl.int64) << pos_bits)[:, None] | cols[None, :]
         tl.store(VALS + dst, val.to(tl.int32), mask=key)
@@ -298,25 +300,29 @@ def split_bf16(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([hi, mid, lo], dim=-3)
 
 
-def _fused_group(q_mean, k, prefix, a, b, sort_mode, prefix_t, start_t):
+def _score_operands(q_mean: torch.Tensor, k: torch.Tensor):
+    """The key-score kernel's operands, once for every group: ``(qx, kx)``. ``qx``
+    ``[B*Hkv, NPARTS, group*N, D]``: for bf16 K on CUDA the segment means as three exact bf16
+    terms (:func:`split_bf16`) against K itself, so the MMA sums exact fp32 products while K is
+    read once, in bf16; otherwise one fp32 term against an fp32 copy of K."""
+    B, Hkv, group, n_seg, D = q_mean.shape
+    qm = q_mean.reshape(B * Hkv, group * n_seg, D)
+    if k.dtype == torch.bfloat16 and k.is_cuda:
+        return split_bf16(qm), k
+    return qm[:, None].contiguous(), k.float()
+
+
+def _fused_group(qx, kx, shape, prefix, a, b, sort_mode, prefix_t, start_t):
     """Scores of segments ``a..b-1`` from :func:`_s2o_key_scores_kernel`: ``(s_k, keys)`` as
     :func:`_rank_chunk` takes them (the rectangle for ``torch.sort``, the packed keys for cub).
-
-    bf16 K: the segment means enter as three exact bf16 terms, so the MMA sums exact fp32
-    products (the fp32 dot product up to summation order) while K is read once, in bf16."""
-    B, Hkv, group, _, D = q_mean.shape
+    Host work per group is this launch and the outputs' allocation: with many short groups (short
+    L, small S) Step 1 is bound by the host."""
+    B, Hkv, group, n_seg = shape
     Hq, nc, width = Hkv * group, b - a, prefix[b - 1]
     rows = group * nc
     rb = min(64, max(16, triton.next_power_of_2(rows)))
     n_rb = triton.cdiv(rows, rb)
-    qm = q_mean[:, :, :, a:b].reshape(B * Hkv, rows, D)
-    qm = torch.nn.functional.pad(qm, (0, 0, 0, n_rb * rb - rows))
-    bf16 = k.dtype == torch.bfloat16 and k.is_cuda
-    qx, kx = (split_bf16(qm), k) if bf16 else (qm[:, None], k.float())
-    dev = k.device
-    # row j's prefix and where its keys start among the group's: no host-to-device copy (a copy
-    # from host memory per group waited for the GPU to drain)
-    row_p, row_start = prefix_t[a:b], start_t[a:b] - start_t[a]
+    dev = kx.device
     head_keys = sum(prefix[a:b])
     if sort_mode == "cub":
         s_k = torch.empty(1, device=dev).expand(B, Hq, nc, width)  # its shape only
@@ -326,12 +332,14 @@ def _fused_group(q_mean, k, prefix, a, b, sort_mode, prefix_t, start_t):
         s_k = torch.empty(B, Hq, nc, width, dtype=torch.float32, device=dev)
         keys, out, pos_bits = None, s_k, 0
     block_n = 128
+    # row j's prefix and where its keys start among the group's come from device tensors: a copy
+    # from host memory per group waited for the GPU to drain
     _s2o_key_scores_kernel[(triton.cdiv(width, block_n), B * Hkv * n_rb)](
-        qx, kx, out, *(keys or (out, out)), row_p, row_start,
+        qx, kx, out, *(keys or (out, out)), prefix_t, start_t,
         kx.stride(0), kx.stride(1), kx.stride(2), *((0, 0, 0) if keys else s_k.stride()[:3]),
-        Hkv, group, nc, rows, n_rb, width, head_keys, pos_bits,
-        NPARTS=qx.shape[1], RB=rb, BLOCK_N=block_n, HEAD_D=D, KEYS_OUT=keys is not None,
-        IEEE=qx.dtype == torch.float32, num_warps=4,
+        Hkv, group, a, nc, n_seg, rows, n_rb, width, head_keys, pos_bits,
+        NPARTS=qx.shape[1], RB=rb, BLOCK_N=block_n, HEAD_D=qx.shape[-1],
+        KEYS_OUT=keys is not None, IEEE=qx.dtype == torch.float32, num_warps=4,
     )  # fmt: skip
     return s_k, keys
 
@@ -427,6 +435,7 @@ def s2o_step1(
         # vectorized copy (a strided slice first was 2x slower on an H200)
         kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
     else:
+        qx, kx = _score_operands(q_mean, k)
         prefix_t = (torch.arange(n_seg, device=k.device) * S - local_window).clamp_(min=0)
         start_t = prefix_t.cumsum(0) - prefix_t  # exclusive prefix sums
     groups = _sort_groups(prefix, B * Hq, sort_mode)
@@ -434,7 +443,9 @@ def s2o_step1(
     for a, b in groups:
         width = prefix[b - 1]
         if fused:
-            s_k, keys = _fused_group(q_mean, k, prefix, a, b, sort_mode, prefix_t, start_t)
+            s_k, keys = _fused_group(
+                qx, kx, (B, Hkv, group, n_seg), prefix, a, b, sort_mode, prefix_t, start_t
+            )
         else:
             qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
             s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
