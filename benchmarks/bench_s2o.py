@@ -222,7 +222,8 @@ def step1_breakdown(q, k, S):
     step1_mod._FUSED_SCORES[0] = False
     q_mean = step1_mod._segment_means(q, S).view(B, Hkv, Hq // Hkv, n_seg, D)
     kf = k.float()
-    default_chunks = step1_mod._MAX_SORT_CHUNKS
+    default_chunks, min_keys = step1_mod._MAX_SORT_CHUNKS, step1_mod._MIN_GROUP_KEYS
+    step1_mod._MIN_GROUP_KEYS = 1  # the variants' chunk counts, not fewer for short L
     for mode, chunks in STEP1_VARIANTS:
         step1_mod._MAX_SORT_CHUNKS = chunks or default_chunks
         groups = step1_mod._sort_groups(prefix, B * Hq, mode)
@@ -242,7 +243,7 @@ def step1_breakdown(q, k, S):
                "sort_ms": bench(lambda rects=rects: _sort_all(rects), L)}  # fmt: skip
         del rects
         out["variants"].append(row)
-    step1_mod._MAX_SORT_CHUNKS = default_chunks
+    step1_mod._MAX_SORT_CHUNKS, step1_mod._MIN_GROUP_KEYS = default_chunks, min_keys
     out["total_default_int32_ms"] = bench(
         lambda: s2o_step1(q, k, segment_len=S, index_dtype=torch.int32), L
     )

@@ -67,6 +67,42 @@ def _unambiguous_tau(q, k, v, perms, knobs, candidates=(0.02, 0.1, 0.3, 1.0, 3.0
     pytest.fail(f"no unambiguous tau with skipping among {candidates}")
 
 
+@pytest.fixture(params=["one-group", "many-groups"])
+def step1_groups(request, monkeypatch):
+    """Tiny inputs make one sort group by default (``_MIN_GROUP_KEYS``); ``many-groups`` lowers
+    that floor so that groups starting past the first live segment are checked too."""
+    step1 = importlib.import_module("s2o.kernels.s2o_step1")
+    if request.param == "many-groups":
+        monkeypatch.setattr(step1, "_MIN_GROUP_KEYS", 1)
+    return request.param
+
+
+def test_step1_sort_groups():
+    """Groups cover every live segment once, in order; at most _MAX_SORT_CHUNKS, at least
+    _MIN_GROUP_KEYS keys each; cub splits further where row and position exceed 32 bits."""
+    step1 = importlib.import_module("s2o.kernels.s2o_step1")
+
+    def check(prefix, rows, mode):
+        groups = step1._sort_groups(prefix, rows, mode)
+        first = next(n for n, p in enumerate(prefix) if p > 0)
+        assert groups[0][0] == first and groups[-1][1] == len(prefix)
+        assert all(b0 == a1 for (_, b0), (a1, _) in zip(groups[:-1], groups[1:]))
+        return groups
+
+    def prefix(L, S):
+        return [n * S for n in range(-(-L // S))]
+
+    assert len(check(prefix(8192, 2048), 32, "chunks")) == 1  # 0.4M keys: host-bound, one group
+    assert len(check(prefix(65536, 2048), 32, "chunks")) == 3  # 32.5M keys
+    assert len(check(prefix(131072, 2048), 32, "chunks")) == step1._MAX_SORT_CHUNKS
+    assert len(check(prefix(131072, 2048), 32, "cub")) == step1._MAX_SORT_CHUNKS
+    # 2**20 rows of one segment each would need 20 row bits next to 13 position bits: split
+    groups = check(prefix(8192, 1024), 1 << 17, "cub")
+    widths = [max(1, (b - a) * (1 << 17) - 1).bit_length() for a, b in groups]
+    assert len(groups) > 1 and all(w + 13 <= 32 for w in widths), (groups, widths)
+    assert step1._sort_groups([0, 0], 4, "chunks") == []
+
+
 @pytest.mark.parametrize(
     "B,Hq,Hkv,L,D,S,W",
     [
@@ -82,7 +118,7 @@ def _unambiguous_tau(q, k, v, perms, knobs, candidates=(0.02, 0.1, 0.3, 1.0, 3.0
 @pytest.mark.parametrize(
     "dtype,mode", [(torch.int64, "full"), (torch.int32, "chunks"), (torch.int32, "cub")]
 )
-def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, dtype, mode, gen):
+def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, dtype, mode, gen, step1_groups):
     q, k = _exact((B, Hq, L, D), gen), _exact((B, Hkv, L, D), gen)
     qp, kvp = s2o_step1(q, k, segment_len=S, local_window=W, index_dtype=dtype, sort_mode=mode)
     rqp, rkvp = s2o_permutations(q, k, S, W)
@@ -99,7 +135,7 @@ def test_step1_indices_equal_reference(B, Hq, Hkv, L, D, S, W, dtype, mode, gen)
     ids=["gqa2", "window", "rows-past-one-block"],
 )
 @pytest.mark.parametrize("mode", ["chunks", "full", "cub"])
-def test_step1_fused_key_scores_equal_reference(B, Hq, Hkv, L, D, S, W, mode, gen):
+def test_step1_fused_key_scores_equal_reference(B, Hq, Hkv, L, D, S, W, mode, gen, step1_groups):
     """The key-score kernel (the default for bf16 K on CUDA) with fp32 operands on the CPU: its
     rectangle (torch.sort modes) and its packed keys (cub) give the reference's indices; 64 query
     heads on one key head put 64 x (segments per group) rows into several row blocks."""

@@ -32,6 +32,9 @@ from .cub_sort import rank_rows
 
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
+# and at least this many keys (all heads) per group in "chunks" and "cub": below, the groups' host
+# work (a few launches each) costs more than the padding it saves (short L is host-bound)
+_MIN_GROUP_KEYS = 1 << 23
 # defaults of s2o_step1; set_step1_config changes them (benchmarks/step1_probe.py compares all;
 # H200, 128K, S=2048, bf16: chunks 13.1 ms, full 14.0, cub 8.3, cub with int32 kv_perm 8.0).
 # "cub" is not the default because it compiles a CUDA extension on first use (needs nvcc).
@@ -84,12 +87,15 @@ def _s2o_qstats_kernel(
 
 
 @triton.jit
-def _chunk_row_start(n0, j, S, W):
-    """Keys of the chunk's segments ``n0 .. n0 + j - 1`` (one head): ``sum max(0, n*S - W)``."""
-    acc = tl.full([], 0, tl.int64)  # not derived from n0: Triton passes an int 1 as a constexpr
-    for i in range(0, j):
-        acc += tl.maximum((n0 + i) * S - W, 0).to(tl.int64)
-    return acc
+def _keys_before(n0, n, S, W):
+    """Keys of segments ``n0 .. n - 1`` of one head, ``sum max(0, i*S - W)`` (int64; ``n >= n0``,
+    scalars or a tensor ``n``) in closed form: an arithmetic series from the first segment with
+    ``i*S >= W``."""
+    z = tl.full([], 0, tl.int64)  # Triton passes an int 1 as a constexpr: widen everything first
+    n0, n, S, W = z + n0, z + n, z + S, z + W
+    first = tl.maximum(n0, (W + S - 1) // S)
+    c = tl.maximum(n - first, 0)
+    return S * (c * (first + n - 1) // 2) - W * c
 
 
 @triton.jit
@@ -109,11 +115,11 @@ def _s2o_place_kernel(
 ):  # fmt: skip
     """Program (column tile, ``bh * nc + j``): row ``n0 + j`` of ``OUT`` ``[BH, N, p_max]`` gets
     the sorted positions of that row and ``-1`` past ``P``. ``IDX`` is ``[BH, nc, width]``, or with
-    COMPACT the rows back to back (``head_keys`` per head, see :func:`_chunk_row_start`) holding
+    COMPACT the rows back to back (``head_keys`` per head, see :func:`_keys_before`) holding
     ``row << pos_bits | position``."""
     pid, bh, j, P, cols = _chunk_tile(n0, nc, S, W, BLOCK)
     if COMPACT:
-        src_row = IDX + bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W)
+        src_row = IDX + bh.to(tl.int64) * head_keys + _keys_before(n0, n0 + j, S, W)
     else:
         src_row = IDX + pid.to(tl.int64) * width
     src = tl.load(src_row + cols, mask=cols < P, other=-1)
@@ -135,7 +141,7 @@ def _s2o_cub_keys_kernel(
     pid, bh, j, P, cols = _chunk_tile(n0, nc, S, W, BLOCK)
     ok = cols < P
     score = tl.load(SC + bh.to(tl.int64) * stride_sbh + j * stride_sn + cols, mask=ok, other=0.0)
-    dst = bh.to(tl.int64) * head_keys + _chunk_row_start(n0, j, S, W) + cols
+    dst = bh.to(tl.int64) * head_keys + _keys_before(n0, n0 + j, S, W) + cols
     tl.store(KEYS + dst, _desc_key(score).to(tl.int32), mask=ok)  # uint32 stored as int32
     tl.store(VALS + dst, ((pid.to(tl.int64) << pos_bits) | cols).to(tl.int32), mask=ok)
 
@@ -153,9 +159,9 @@ def _desc_key(score):
 
 @triton.jit
 def _s2o_key_scores_kernel(
-    QX, K, OUT, KEYS, VALS, ROW_P, ROW_START,
+    QX, K, OUT, KEYS, VALS,
     stride_kb, stride_kh, stride_kl, stride_ob, stride_oh, stride_on,
-    Hkv, GROUP, n0, nc, n_seg, rows, n_rb, width, head_keys, pos_bits,
+    Hkv, GROUP, n0, nc, n_seg, S, W, rows, n_rb, width, head_keys, pos_bits,
     NPARTS: tl.constexpr, RB: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     KEYS_OUT: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
@@ -164,9 +170,10 @@ def _s2o_key_scores_kernel(
     ``BLOCK_N`` keys read once from K in its own dtype. ``QX`` ``[B*Hkv, NPARTS, GROUP*n_seg, D]``
     holds the segment means of all segments as NPARTS terms (bf16 ``hi, mid, lo`` or one fp32
     term), summed in fp32 by the MMA, smallest first. Columns at or past the row's prefix
-    ``ROW_P[n0 + j]`` are not keys; the row's keys start at ``ROW_START[n0 + j] - ROW_START[n0]``
-    among the group's. KEYS_OUT: the packed sort keys and values of :func:`_s2o_cub_keys_kernel`'s
-    layout; otherwise the fp32 rectangle ``OUT`` ``[B, Hq, nc, width]``, -inf past the prefix."""
+    ``P = max(0, (n0 + j) * S - W)`` are not keys; among the group's keys of a head, the row's
+    start after :func:`_keys_before` ``(n0, n0 + j)``. KEYS_OUT: the packed sort keys and values
+    of :func:`_s2o_cub_keys_kernel`'s layout; otherwise the fp32 rectangle ``OUT``
+    ``[B, Hq, nc, width]`` with ``-inf`` past the prefix."""
     pid_kv = tl.program_id(1) // n_rb
     rb = tl.program_id(1) % n_rb
     b = (pid_kv // Hkv).to(tl.int64)
@@ -189,12 +196,11 @@ def _s2o_key_scores_kernel(
             acc = tl.dot(qp, tl.trans(kt), acc, input_precision="ieee")
         else:
             acc = tl.dot(qp, tl.trans(kt), acc)
-    P = tl.load(ROW_P + n0 + j, mask=row_ok, other=0)
+    P = tl.maximum((n0 + j).to(tl.int64) * S - W, 0)
     key = row_ok[:, None] & (cols[None, :] < P[:, None])
     bh = b * (Hkv * GROUP) + hk * GROUP + g  # [RB]
     if KEYS_OUT:
-        start = tl.load(ROW_START + n0 + j, mask=row_ok, other=0) - tl.load(ROW_START + n0)
-        dst = (bh * head_keys + start)[:, None] + cols[None, :]
+        dst = (bh * head_keys + _keys_before(n0, n0 + j, S, W))[:, None] + cols[None, :]
         tl.store(KEYS + dst, _desc_key(acc).to(tl.int32), mask=key)
         val = ((bh * nc + j).to(tl.int64) << pos_bits)[:, None] | cols[None, :]
         tl.store(VALS + dst, val.to(tl.int32), mask=key)
@@ -312,7 +318,7 @@ def _score_operands(q_mean: torch.Tensor, k: torch.Tensor):
     return qm[:, None].contiguous(), k.float()
 
 
-def _fused_group(qx, kx, shape, prefix, a, b, sort_mode, prefix_t, start_t):
+def _fused_group(qx, kx, shape, prefix, a, b, sort_mode, segment_len, local_window):
     """Scores of segments ``a..b-1`` from :func:`_s2o_key_scores_kernel`: ``(s_k, keys)`` as
     :func:`_rank_chunk` takes them (the rectangle for ``torch.sort``, the packed keys for cub).
     Host work per group is this launch and the outputs' allocation: with many short groups (short
@@ -332,12 +338,10 @@ def _fused_group(qx, kx, shape, prefix, a, b, sort_mode, prefix_t, start_t):
         s_k = torch.empty(B, Hq, nc, width, dtype=torch.float32, device=dev)
         keys, out, pos_bits = None, s_k, 0
     block_n = 128
-    # row j's prefix and where its keys start among the group's come from device tensors: a copy
-    # from host memory per group waited for the GPU to drain
     _s2o_key_scores_kernel[(triton.cdiv(width, block_n), B * Hkv * n_rb)](
-        qx, kx, out, *(keys or (out, out)), prefix_t, start_t,
+        qx, kx, out, *(keys or (out, out)),
         kx.stride(0), kx.stride(1), kx.stride(2), *((0, 0, 0) if keys else s_k.stride()[:3]),
-        Hkv, group, a, nc, n_seg, rows, n_rb, width, head_keys, pos_bits,
+        Hkv, group, a, nc, n_seg, segment_len, local_window, rows, n_rb, width, head_keys, pos_bits,
         NPARTS=qx.shape[1], RB=rb, BLOCK_N=block_n, HEAD_D=qx.shape[-1],
         KEYS_OUT=keys is not None, IEEE=qx.dtype == torch.float32, num_warps=4,
     )  # fmt: skip
@@ -361,8 +365,10 @@ def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
 def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tuple[int, int]]:
     """Contiguous groups of segments (non-empty prefix) whose keys one ``torch.sort`` call ranks.
 
-    ``"chunks"``: at most ``_MAX_SORT_CHUNKS`` groups of similar width (one call per group; with
-    >= 128 rows torch runs cub's segmented radix sort, one thread block per row).
+    ``"chunks"``: at most ``_MAX_SORT_CHUNKS`` groups of similar width and at least
+    ``_MIN_GROUP_KEYS`` keys (one call per group; with >= 128 rows torch runs cub's segmented
+    radix sort, one thread block per row). ``"cub"``: the same groups, more where a group's
+    ``row << pos_bits | position`` would not fit 32 bits.
     ``"full"``: groups of fewer than 128 rows, for which torch sorts the whole group with two
     device-wide radix sorts (keys, then row id), which streams at full bandwidth.
     """
@@ -374,7 +380,12 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
         per = max(1, 127 // rows_per_segment)
         bounds = list(range(first, len(prefix), per)) + [len(prefix)]
     else:
-        n_chunks = min(_MAX_SORT_CHUNKS, live)
+        by_size = rows_per_segment * sum(prefix) // _MIN_GROUP_KEYS
+        n_chunks = max(1, min(_MAX_SORT_CHUNKS, live, by_size))
+        while mode == "cub" and n_chunks < live and sum(
+            _cub_bits(prefix[-1], rows_per_segment * -(-live // n_chunks))
+        ) > 32:  # fmt: skip
+            n_chunks += 1
         bounds = [first + (live * c) // n_chunks for c in range(n_chunks + 1)]
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
@@ -436,15 +447,13 @@ def s2o_step1(
         kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
     else:
         qx, kx = _score_operands(q_mean, k)
-        prefix_t = (torch.arange(n_seg, device=k.device) * S - local_window).clamp_(min=0)
-        start_t = prefix_t.cumsum(0) - prefix_t  # exclusive prefix sums
     groups = _sort_groups(prefix, B * Hq, sort_mode)
     kv_perm[:, :, : groups[0][0]] = -1  # segments with an empty prefix
     for a, b in groups:
         width = prefix[b - 1]
         if fused:
             s_k, keys = _fused_group(
-                qx, kx, (B, Hkv, group, n_seg), prefix, a, b, sort_mode, prefix_t, start_t
+                qx, kx, (B, Hkv, group, n_seg), prefix, a, b, sort_mode, S, local_window
             )
         else:
             qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
