@@ -78,8 +78,9 @@ def step1_groups(request, monkeypatch):
 
 
 def test_step1_sort_groups():
-    """Groups cover every live segment once, in order; at most _MAX_SORT_CHUNKS, at least
-    _MIN_GROUP_KEYS keys each; cub splits further where row and position exceed 32 bits."""
+    """Groups cover every live segment once, in order: one group for small inputs, else
+    _MAX_SORT_CHUNKS (chunks) or groups of at least _MIN_GROUP_KEYS keys (cub); cub splits
+    further where row and position exceed 32 bits."""
     step1 = importlib.import_module("s2o.kernels.s2o_step1")
 
     def check(prefix, rows, mode):
@@ -93,7 +94,8 @@ def test_step1_sort_groups():
         return [n * S for n in range(-(-L // S))]
 
     assert len(check(prefix(8192, 2048), 32, "chunks")) == 1  # 0.4M keys: host-bound, one group
-    assert len(check(prefix(65536, 2048), 32, "chunks")) == 3  # 32.5M keys
+    assert len(check(prefix(65536, 2048), 32, "chunks")) == step1._MAX_SORT_CHUNKS  # 32.5M keys
+    assert len(check(prefix(65536, 2048), 32, "cub")) == 3  # no padding: fewer, larger groups
     assert len(check(prefix(131072, 2048), 32, "chunks")) == step1._MAX_SORT_CHUNKS
     assert len(check(prefix(131072, 2048), 32, "cub")) == step1._MAX_SORT_CHUNKS
     # 2**20 rows of one segment each would need 20 row bits next to 13 position bits: split

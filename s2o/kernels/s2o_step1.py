@@ -32,8 +32,9 @@ from .cub_sort import rank_rows
 
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
-# and at least this many keys (all heads) per group in "chunks" and "cub": below, the groups' host
-# work (a few launches each) costs more than the padding it saves (short L is host-bound)
+# below this many keys (all heads) Step 1 is bound by the host (H200: under ~1.5 ms at L <= 32K),
+# so "chunks" sorts them in one group (its padding is cheaper than more launches); "cub" (no
+# padding) puts at least this many keys in each group (measured: 311baa7, results/kernels/run8)
 _MIN_GROUP_KEYS = 1 << 23
 # defaults of s2o_step1; set_step1_config changes them (benchmarks/step1_probe.py compares all;
 # H200, 128K, S=2048, bf16: chunks 13.1 ms, full 14.0, cub 8.3, cub with int32 kv_perm 8.0).
@@ -365,10 +366,11 @@ def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
 def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tuple[int, int]]:
     """Contiguous groups of segments (non-empty prefix) whose keys one ``torch.sort`` call ranks.
 
-    ``"chunks"``: at most ``_MAX_SORT_CHUNKS`` groups of similar width and at least
-    ``_MIN_GROUP_KEYS`` keys (one call per group; with >= 128 rows torch runs cub's segmented
-    radix sort, one thread block per row). ``"cub"``: the same groups, more where a group's
-    ``row << pos_bits | position`` would not fit 32 bits.
+    ``"chunks"``: ``_MAX_SORT_CHUNKS`` groups of similar width, one group below
+    ``_MIN_GROUP_KEYS`` keys in all (one call per group; with >= 128 rows torch runs cub's
+    segmented radix sort, one thread block per row). ``"cub"``: at most ``_MAX_SORT_CHUNKS``
+    groups of at least ``_MIN_GROUP_KEYS`` keys, more where a group's ``row << pos_bits |
+    position`` would not fit 32 bits.
     ``"full"``: groups of fewer than 128 rows, for which torch sorts the whole group with two
     device-wide radix sorts (keys, then row id), which streams at full bandwidth.
     """
@@ -380,8 +382,11 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
         per = max(1, 127 // rows_per_segment)
         bounds = list(range(first, len(prefix), per)) + [len(prefix)]
     else:
-        by_size = rows_per_segment * sum(prefix) // _MIN_GROUP_KEYS
-        n_chunks = max(1, min(_MAX_SORT_CHUNKS, live, by_size))
+        keys = rows_per_segment * sum(prefix)
+        if mode == "cub":
+            n_chunks = max(1, min(_MAX_SORT_CHUNKS, live, keys // _MIN_GROUP_KEYS))
+        else:
+            n_chunks = 1 if keys < _MIN_GROUP_KEYS else min(_MAX_SORT_CHUNKS, live)
         while mode == "cub" and n_chunks < live and sum(
             _cub_bits(prefix[-1], rows_per_segment * -(-live // n_chunks))
         ) > 32:  # fmt: skip
