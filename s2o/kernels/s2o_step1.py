@@ -34,10 +34,11 @@ from .cub_sort import rank_rows
 _MAX_SORT_CHUNKS = 8
 # below this many keys (all heads) Step 1 is bound by the host (H200: under ~1.5 ms at L <= 32K),
 # so "chunks" sorts them in one group (its padding is cheaper than more launches); "cub" (no
-# padding) puts at least this many keys in each group (measured: 311baa7, results/kernels/run8)
+# padding) puts at least this many keys in each group (measured: results/kernels/run8)
 _MIN_GROUP_KEYS = 1 << 23
 # defaults of s2o_step1; set_step1_config changes them (benchmarks/step1_probe.py compares all;
-# H200, 128K, S=2048, bf16: chunks 13.1 ms, full 14.0, cub 8.3, cub with int32 kv_perm 8.0).
+# H200, 128K, S=2048, bf16, rev 07f2549: chunks 13.0 ms, full 13.5, cub 7.8, cub with int32
+# kv_perm 7.6).
 # "cub" is not the default because it compiles a CUDA extension on first use (needs nvcc).
 STEP1_CONFIG = {"index_dtype": torch.int64, "sort_mode": "chunks"}
 _SORT_MODES = ("chunks", "full", "cub")
