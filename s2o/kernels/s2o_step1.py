@@ -386,12 +386,12 @@ def _sort_groups(prefix: list[int], rows_per_segment: int, mode: str) -> list[tu
         keys = rows_per_segment * sum(prefix)
         if mode == "cub":
             n_chunks = max(1, min(_MAX_SORT_CHUNKS, live, keys // _MIN_GROUP_KEYS))
+            # segments per group whose row ids fit next to the positions in 32 bits (none fit:
+            # one segment per group, and rank_rows names the bit counts)
+            fit = (1 << max(0, 32 - _cub_bits(prefix[-1], 1)[0])) // rows_per_segment
+            n_chunks = min(live, max(n_chunks, -(-live // max(1, fit))))
         else:
             n_chunks = 1 if keys < _MIN_GROUP_KEYS else min(_MAX_SORT_CHUNKS, live)
-        while mode == "cub" and n_chunks < live and sum(
-            _cub_bits(prefix[-1], rows_per_segment * -(-live // n_chunks))
-        ) > 32:  # fmt: skip
-            n_chunks += 1
         bounds = [first + (live * c) // n_chunks for c in range(n_chunks + 1)]
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
