@@ -133,3 +133,23 @@ def test_full_method_is_dense_with_zero_sparsity():
     want = torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=True)
     assert (out - want).abs().max().item() < 1e-5
     assert stats.sparsity == 0.0
+
+
+def test_bind_validates_once_and_matches_sparse_attention():
+    from s2o.methods import bind
+
+    q, k, v = (torch.randn(1, h, 300, 16) for h in (4, 2, 2))
+    bound = bind("s2o", segment_len=128, tau=0.01, block_m=32, block_n=32)
+    assert bound.knobs["q_perm"] is True and isinstance(bound.knobs["tau"], float)
+    out, st = bound(q, k, v)
+    ref, st_ref = sparse_attention("s2o", q, k, v, segment_len=128, tau=0.01, block_m=32, block_n=32)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert st.sparsity == st_ref.sparsity
+    out2, _ = bound(q, k, v, scale=0.5)
+    assert not torch.equal(out2, out)
+    with pytest.raises(ValueError, match="scale"):
+        bound(q, k, v, scale=float("nan"))
+    with pytest.raises(ValueError, match="knob"):
+        bind("s2o", taux=1)
+    with pytest.raises(ValueError, match="method must be a str"):
+        bind(["s2o"])

@@ -1,6 +1,14 @@
 """Attention methods behind one interface, registered by name (see ``registry.py``)."""
 
 from . import flexprefill, full, pbs, s2o, xattn  # noqa: F401  (importing registers the methods)
-from .registry import METHODS, Method, register, resolve_knobs, sparse_attention
+from .registry import METHODS, BoundMethod, Method, bind, register, resolve_knobs, sparse_attention
 
-__all__ = ["METHODS", "Method", "register", "resolve_knobs", "sparse_attention"]
+__all__ = [
+    "METHODS",
+    "BoundMethod",
+    "Method",
+    "bind",
+    "register",
+    "resolve_knobs",
+    "sparse_attention",
+]

@@ -7,14 +7,15 @@ name and the knobs, and times the two phases separately when asked.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from ..stats import AttentionStats
-from ..validation import check_qkv
+from ..validation import check_finite, check_qkv
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class Method:
         main_knob: the knob that trades accuracy for sparsity (tuned for matched sparsity).
         sparsity_increases_with_knob: direction of ``main_knob`` (True: larger -> sparser).
         check: ``(**knobs) -> None`` raising ``ValueError`` for a bad value.
+        prepare: ``(**knobs) -> knobs`` normalizing validated knobs once (e.g. S2O's
+            effective ``q_perm``), so ``estimate``/``attend`` never re-validate per call.
     """
 
     name: str
@@ -38,6 +41,70 @@ class Method:
     main_knob: str | None = None
     sparsity_increases_with_knob: bool = True
     check: Callable[..., None] = field(default=lambda **_: None)
+    prepare: Callable[..., dict[str, Any]] = field(default=lambda **knobs: knobs)
+
+    def bind(self, **knobs) -> BoundMethod:
+        """Validate ``knobs`` once and return a callable ``(q, k, v) -> (out, stats)``."""
+        full = self.validate(knobs)
+        return BoundMethod(self, MappingProxyType(self.prepare(**full)), MappingProxyType(full))
+
+    def validate(self, knobs: dict[str, Any]) -> dict[str, Any]:
+        """Defaults overridden by ``knobs``, checked; ``ValueError`` names a bad knob or value."""
+        unknown = sorted(set(knobs) - set(self.defaults))
+        if unknown:
+            raise ValueError(
+                f"unknown knob(s) {unknown} for method {self.name!r}; "
+                f"valid knobs: {sorted(self.defaults)}"
+            )
+        full = {**self.defaults, **knobs}
+        self.check(**full)
+        return full
+
+
+@dataclass(frozen=True)
+class BoundMethod:
+    """A method with its knobs validated and normalized once (see :meth:`Method.bind`).
+
+    Calling it checks only the tensors (cheap shape/dtype checks), so a model with many layers
+    pays the knob validation once per context, not once per layer call.
+
+    Attributes:
+        method: the registered :class:`Method`.
+        knobs: the normalized knobs handed to ``estimate``/``attend`` (read-only).
+        config: the validated knobs as the user gave them plus defaults (read-only), for records.
+    """
+
+    method: Method
+    knobs: Mapping[str, Any]
+    config: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        scale: float | None = None,
+        timing: bool = False,
+    ) -> tuple[torch.Tensor, AttentionStats]:
+        """Run on ``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]``; ``scale`` (finite) overrides the
+        bound one for this call (a model passes its own softmax scale per layer call)."""
+        knobs = dict(self.knobs)
+        if scale is not None:
+            knobs["scale"] = check_finite("scale", scale)
+        check_qkv(q, k, v)
+        t0 = _now_ms(q.device) if timing else 0.0
+        plan = self.method.estimate(q, k, v, **knobs)
+        t1 = _now_ms(q.device) if timing else 0.0
+        out, stats = self.method.attend(q, k, v, plan, **knobs)
+        if timing:
+            t2 = _now_ms(q.device)
+            stats.time_estimate_ms, stats.time_attention_ms = t1 - t0, t2 - t1
+        return out, stats
 
 
 METHODS: dict[str, Method] = {}
@@ -51,18 +118,10 @@ def register(method: Method) -> Method:
 
 
 def resolve_knobs(method: str, knobs: dict[str, Any]) -> tuple[Method, dict[str, Any]]:
-    """The method and its full knob dict (defaults overridden by ``knobs``), validated."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; valid methods: {sorted(METHODS)}")
-    m = METHODS[method]
-    unknown = sorted(set(knobs) - set(m.defaults))
-    if unknown:
-        raise ValueError(
-            f"unknown knob(s) {unknown} for method {method!r}; valid knobs: {sorted(m.defaults)}"
-        )
-    full = {**m.defaults, **knobs}
-    m.check(**full)
-    return m, full
+    """The method and its full knob dict (defaults overridden by ``knobs``), validated and
+    normalized: what ``m.estimate``/``m.attend`` take."""
+    m = _lookup(method)
+    return m, m.prepare(**m.validate(knobs))
 
 
 def _now_ms(device: torch.device) -> float:
@@ -85,13 +144,20 @@ def sparse_attention(
     Returns:
         ``(out [B, Hq, L, D] in q's dtype, AttentionStats)``.
     """
-    m, full = resolve_knobs(method, knobs)
-    check_qkv(q, k, v)
-    t0 = _now_ms(q.device) if timing else 0.0
-    plan = m.estimate(q, k, v, **full)
-    t1 = _now_ms(q.device) if timing else 0.0
-    out, stats = m.attend(q, k, v, plan, **full)
-    if timing:
-        t2 = _now_ms(q.device)
-        stats.time_estimate_ms, stats.time_attention_ms = t1 - t0, t2 - t1
-    return out, stats
+    return bind(method, **knobs)(q, k, v, timing=timing)
+
+
+def bind(method: str, **knobs) -> BoundMethod:
+    """``METHODS[method].bind(**knobs)``: validate once, call many times (see :class:`BoundMethod`).
+
+    Raises ``ValueError`` for an unknown method or knob, or a bad knob value.
+    """
+    return _lookup(method).bind(**knobs)
+
+
+def _lookup(method: object) -> Method:
+    if not isinstance(method, str):
+        raise ValueError(f"method must be a str naming a method, got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; valid methods: {sorted(METHODS)}")
+    return METHODS[method]

@@ -38,14 +38,21 @@ def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, **_):
     return s2o_step1(q, k, segment_len=segment_len, local_window=local_window, sort_mode=step1_sort)
 
 
+def _prepare(*, variant, q_perm, tau, step1_sort, impl, **knobs):
+    """Knobs as ``attend`` takes them: the effective ``q_perm`` (validated once) and a float tau."""
+    use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, tau=tau, **knobs)
+    return dict(
+        knobs, variant=variant, q_perm=use_q_perm, tau=float(tau), step1_sort=step1_sort, impl=impl
+    )
+
+
 def _attend(q, k, v, perms, *, impl, variant, q_perm, step1_sort, **knobs):
-    use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, **knobs)
-    knobs["tau"] = float(knobs["tau"])
+    """Pass-1 + Pass-2; the knobs come from ``_prepare`` (``q_perm`` already resolved)."""
     if resolve_impl(impl, q.device) == "reference":
-        return s2o_reference(q, k, v, q_perm=use_q_perm, perms=perms, **knobs)
+        return s2o_reference(q, k, v, q_perm=q_perm, perms=perms, **knobs)
     from ..kernels import s2o_triton
 
-    return s2o_triton(q, k, v, variant=variant, q_perm=use_q_perm, perms=perms, **knobs)
+    return s2o_triton(q, k, v, variant=variant, q_perm=q_perm, perms=perms, **knobs)
 
 
 S2O = register(
@@ -57,5 +64,6 @@ S2O = register(
         main_knob="tau",
         sparsity_increases_with_knob=True,
         check=_check,
+        prepare=_prepare,
     )
 )
