@@ -61,29 +61,18 @@ def register_capture() -> None:
     AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
 
 
-def _set_rope_scaling(config, scaling: dict) -> None:
-    """transformers 5 keeps RoPE settings (theta included) in ``rope_parameters``; 4.x in
-    ``rope_scaling``."""
-    if isinstance(getattr(config, "rope_parameters", None), dict):
-        config.rope_parameters = {**config.rope_parameters, **scaling}
-        if hasattr(config, "standardize_rope_params"):
-            config.standardize_rope_params()
-    else:
-        config.rope_scaling = scaling
+def load_model(model_cfg: dict, device: torch.device):
+    """``(model, tokenizer)`` for a model config (:func:`eval.models.load`) with the capture
+    attention, in eval mode; random weights are refused (nothing real to capture)."""
+    from . import models
 
-
-def load_model(path: str, *, dtype: str, device: torch.device, rope_scaling: dict | None = None):
-    """The causal LM at ``path`` (hub id or directory) with the capture attention, in eval mode."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    model_cfg = models.normalize(model_cfg)
+    if model_cfg["weights"] == "random":
+        raise ValueError(
+            f"data=model captures real attention: model {model_cfg['name']!r} has weights=random"
+        )
     register_capture()
-    config = AutoConfig.from_pretrained(path)
-    if rope_scaling:
-        _set_rope_scaling(config, dict(rope_scaling))
-    model = AutoModelForCausalLM.from_pretrained(
-        path, config=config, dtype=getattr(torch, dtype), attn_implementation=ATTN_NAME
-    )
-    return model.to(device).eval()
+    return models.load(model_cfg, device, attn_implementation=ATTN_NAME)
 
 
 @torch.no_grad()
@@ -119,11 +108,9 @@ def read_text(path: str) -> tuple[str, str]:
     return first["context"], f"longbench_v2:{first.get('_id', '?')}"
 
 
-def tokenize(path: str, text: str, L: int) -> torch.Tensor:
+def tokenize(tokenizer, text: str, L: int) -> torch.Tensor:
     """The first ``L`` tokens of ``text`` (with the tokenizer's special tokens), ``[1, L]``."""
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(path)(text)["input_ids"]
+    ids = tokenizer(text)["input_ids"]
     if len(ids) < L:
         raise ValueError(f"the text has {len(ids)} tokens, fewer than data.L={L}")
     return torch.tensor(ids[:L])[None]
@@ -132,8 +119,10 @@ def tokenize(path: str, text: str, L: int) -> torch.Tensor:
 def cache_path(
     cache_dir: str | Path, model_cfg: dict, text: str, L: int, layers: list[int]
 ) -> Path:
+    from .models import describe
+
     key = {
-        "model": model_cfg["path"],
+        "model": describe(model_cfg),
         "dtype": model_cfg["dtype"],
         "rope_scaling": model_cfg.get("rope_scaling"),
         "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
@@ -141,7 +130,7 @@ def cache_path(
         "layers": sorted(layers),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    name = Path(str(model_cfg["path"]).rstrip("/")).name
+    name = Path(str(model_cfg.get("name") or model_cfg["path"]).rstrip("/")).name
     return Path(cache_dir) / f"{name}_L{L}_{digest}.safetensors"
 
 
@@ -157,17 +146,16 @@ def captured_layers(data_cfg: dict, model_cfg: dict, device: torch.device) -> tu
     path = cache_path(data_cfg["cache_dir"], model_cfg, text, data_cfg["L"], layers)
     if path.exists():
         return path, True
-    ids = tokenize(model_cfg["path"], text, data_cfg["L"])
-    model = load_model(
-        model_cfg["path"], dtype=model_cfg["dtype"], device=device,
-        rope_scaling=model_cfg.get("rope_scaling"),
-    )  # fmt: skip
+    model, tokenizer = load_model(model_cfg, device)
+    ids = tokenize(tokenizer, text, data_cfg["L"])
     store = capture_qkv(model, ids, layers)
     del model
     tensors = {
         f"{n}.{i}": t.contiguous().cpu() for i, qkv in store.items() for n, t in zip("qkv", qkv)
     }
-    meta = {"model": str(model_cfg["path"]), "text": source, "L": str(data_cfg["L"])}
+    from .models import describe
+
+    meta = {"model": describe(model_cfg), "text": source, "L": str(data_cfg["L"])}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata=meta)

@@ -106,8 +106,9 @@ def test_llama_capture_is_post_rope(tmp_path):
     from eval.capture import capture_qkv, load_model, tokenize
 
     path, text = _tiny_model(tmp_path, "llama")
-    ids = tokenize(str(path), text.read_text(), 64)
-    got = capture_qkv(load_model(str(path), dtype="float32", device=torch.device("cpu")), ids, [0])
+    model, tok = load_model({"path": str(path), "dtype": "float32"}, torch.device("cpu"))
+    ids = tokenize(tok, text.read_text(), 64)
+    got = capture_qkv(model, ids, [0])
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         h = ref.model.embed_tokens(ids)

@@ -82,6 +82,20 @@ class BoundMethod:
     def name(self) -> str:
         return self.method.name
 
+    def _knobs(self, scale: float | None) -> Mapping[str, Any]:
+        if scale is None:
+            return self.knobs
+        return {**self.knobs, "scale": check_finite("scale", scale)}
+
+    def estimate(self, q, k, v, *, scale: float | None = None) -> Any:
+        """The method's plan (Step 1 for S2O, the block pattern for the baselines)."""
+        check_qkv(q, k, v)
+        return self.method.estimate(q, k, v, **self._knobs(scale))
+
+    def attend(self, q, k, v, plan, *, scale: float | None = None):
+        """``(out [B, Hq, L, D], AttentionStats)`` from a plan made by :meth:`estimate`."""
+        return self.method.attend(q, k, v, plan, **self._knobs(scale))
+
     def __call__(
         self,
         q: torch.Tensor,
@@ -93,14 +107,10 @@ class BoundMethod:
     ) -> tuple[torch.Tensor, AttentionStats]:
         """Run on ``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]``; ``scale`` (finite) overrides the
         bound one for this call (a model passes its own softmax scale per layer call)."""
-        knobs = dict(self.knobs)
-        if scale is not None:
-            knobs["scale"] = check_finite("scale", scale)
-        check_qkv(q, k, v)
         t0 = _now_ms(q.device) if timing else 0.0
-        plan = self.method.estimate(q, k, v, **knobs)
+        plan = self.estimate(q, k, v, scale=scale)
         t1 = _now_ms(q.device) if timing else 0.0
-        out, stats = self.method.attend(q, k, v, plan, **knobs)
+        out, stats = self.attend(q, k, v, plan, scale=scale)
         if timing:
             t2 = _now_ms(q.device)
             stats.time_estimate_ms, stats.time_attention_ms = t1 - t0, t2 - t1
