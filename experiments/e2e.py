@@ -1,0 +1,182 @@
+"""Time to first token (paper Fig. 1, Fig. 4c): the prefill of a whole model with a method as its
+prefill attention, and the breakdown of that time.
+
+For every length in ``e2e.lengths`` (default: 8K, 16K, ... up to the model's ``max_len``), one
+prompt of that many tokens is prefilled (``model(ids, use_cache=True, logits_to_keep=1)``, what
+``generate`` does before its first token) by:
+
+- the dense model: Full through the plug-in with each SDPA backend of ``e2e.dense`` (default
+  flash, FlashAttention-2, the paper's reference, and cuDNN), and the stock model (no plug-in,
+  SDPA's own dispatch) when ``e2e.stock``;
+- the job's method (``method=...``) and every name in ``e2e.methods`` (their registered defaults).
+
+Each prefill's time is the median of ``e2e.reps`` synchronized wall-clock runs after warm-up; the
+plug-in's CUDA events split it into estimation, sparse attention (the selected layers), dense
+attention (sliding-window layers), and the rest (projections, MLPs, norms, logits). The
+attention bound is total / (total - selected layers' dense attention time) of the flash run: no
+method that only changes those layers' attention can beat it. Inputs are Paul Graham's essays in
+the model's tokens (``e2e.text=essays``), random token ids (``random``; always for random
+weights), or a text file.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from eval import models
+from s2o.hf import sparse_prefill
+
+from .common import JobContext, WandbLogger
+
+
+def lengths(e2e: dict, model_cfg: dict) -> list[int]:
+    """``e2e.lengths``, or powers of two from 8K up to the model's ``max_len``."""
+    if e2e["lengths"]:
+        out = [int(x) for x in e2e["lengths"]]
+    else:
+        top = int(model_cfg.get("max_len") or 8192)
+        out = [8192 * 2**i for i in range(20) if 8192 * 2**i <= top]
+    bad = [x for x in out if x <= 0 or (model_cfg.get("max_len") and x > model_cfg["max_len"])]
+    if bad:
+        raise ValueError(f"e2e.lengths {bad} outside 1..{model_cfg.get('max_len')} (model.max_len)")
+    return out
+
+
+def prompt_ids(e2e: dict, model_cfg: dict, tokenizer, length: int, seed: int) -> torch.Tensor:
+    text = e2e["text"]
+    if text == "random" or tokenizer is None:
+        vocab = int(e2e.get("vocab") or 32000)
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(10, vocab, (1, length), generator=g)
+    from eval import texts
+
+    body = texts.paul_graham_essays(e2e["cache_dir"]) if text == "essays" else open(text).read()
+    return torch.tensor(texts.token_ids(tokenizer, body, length))[None]
+
+
+def _timed(model, ids: torch.Tensor, reps: int, sync) -> list[float]:
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        model(ids, use_cache=True, logits_to_keep=1)
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def measure(model, ids, method: str | None, knobs: dict, e2e: dict, sync) -> dict:
+    """One configuration at one length: median total and the plug-in's breakdown of that run."""
+    reps = max(1, int(e2e["reps"]))
+    if method is None:  # the stock model, no plug-in
+        for _ in range(int(e2e["warmup"])):
+            model(ids, use_cache=True, logits_to_keep=1)
+        times = _timed(model, ids, reps, sync)
+        return {"total_ms": statistics.median(times), "wall_ms": times}
+    with sparse_prefill(model, method, **knobs) as run:
+        for _ in range(int(e2e["warmup"])):
+            model(ids, use_cache=True, logits_to_keep=1)
+        run.reset()
+        times = _timed(model, ids, reps, sync)
+        prefills = run.finalize()
+    mid = sorted(range(reps), key=lambda i: times[i])[reps // 2]
+    out = prefills[mid].summary()
+    out.update(total_ms=statistics.median(times), wall_ms=times)
+    return out
+
+
+def configurations(resolved: dict) -> list[tuple[str, str | None, dict]]:
+    """``(label, method or None for stock, knobs)`` in measuring order, dense first."""
+    e2e = resolved["e2e"]
+    out = [(f"full_{b}", "full", {"backend": b}) for b in e2e["dense"]]
+    if e2e["stock"]:
+        out.append(("sdpa_stock", None, {}))
+    own = resolved["method_name"]
+    if own != "full":
+        out.append((own, own, dict(resolved["method"])))
+    for name in e2e["methods"] or []:
+        if name not in (own, "full"):
+            out.append((name, name, {}))
+    return out
+
+
+def evaluate(resolved: dict) -> dict:
+    device = torch.device(resolved["device"])
+    e2e, model_cfg = resolved["e2e"], models.normalize(resolved["model"] or {})
+    if not resolved.get("model"):
+        raise ValueError(
+            "kind=e2e needs a model: model=gemma3_270m | smollm2_135m | llama31_8b ..."
+        )
+    model_cfg["dtype"] = resolved["dtype"]  # the harness's dtype (auto: bf16 on CUDA, fp32 on CPU)
+    model, tok = models.load(model_cfg, device, seed=resolved["seed"])
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    if tok is None:
+        e2e = {**e2e, "vocab": model.config.get_text_config().vocab_size}
+    rows, configs = [], configurations(resolved)
+    grid = [(L, c) for L in lengths(e2e, model_cfg) for c in configs]
+    with torch.inference_mode():
+        for L, (label, method, knobs) in tqdm(grid, desc="e2e", disable=not resolved["progress"]):
+            ids = prompt_ids(e2e, model_cfg, tok, L, resolved["seed"]).to(device)
+            try:
+                row = measure(model, ids, method, knobs, e2e, sync)
+            except torch.OutOfMemoryError as exc:
+                row = {"error": f"OutOfMemoryError: {str(exc).splitlines()[0]}"}
+                torch.cuda.empty_cache()
+            rows.append({"label": label, "L": L, **row})
+    derive(rows)
+    return {
+        "model": models.describe(model_cfg),
+        "weights": model_cfg["weights"],
+        "text": "random token ids" if tok is None or e2e["text"] == "random" else e2e["text"],
+        "dtype": model_cfg["dtype"],
+        "rows": rows,
+    }
+
+
+def derive(rows: list[dict]) -> None:
+    """Speedups against flash and cuDNN at the same length, and the attention bound."""
+    by = {(r["L"], r["label"]): r for r in rows}
+    for r in rows:
+        flash, cudnn = by.get((r["L"], "full_flash"), {}), by.get((r["L"], "full_cudnn"), {})
+        if "total_ms" not in r or "total_ms" not in flash:
+            continue
+        r["speedup_vs_flash"] = flash["total_ms"] / r["total_ms"]
+        if "total_ms" in cudnn:
+            r["speedup_vs_cudnn"] = cudnn["total_ms"] / r["total_ms"]
+        attn = flash.get("sparse_attention_ms")
+        if attn is not None and flash["total_ms"] > attn:
+            r["attention_bound_vs_flash"] = flash["total_ms"] / (flash["total_ms"] - attn)
+
+
+def table(metrics: dict) -> str:
+    f = lambda x, s=".1f": "-" if x is None else format(x, s)
+    lines = [
+        f"{metrics['model']}, {metrics['text']}",
+        f"{'config':<14}{'L':>7} {'density':>8} {'est':>8} {'sparse':>9} {'dense':>9} "
+        f"{'rest':>9} {'total_ms':>10} {'vs_flash':>9} {'vs_cudnn':>9} {'bound':>6}",
+    ]
+    for r in metrics["rows"]:
+        if "error" in r:
+            lines.append(f"{r['label']:<14}{r['L']:>7}  {r['error']}")
+            continue
+        lines.append(
+            f"{r['label']:<14}{r['L']:>7} {f(r.get('density'), '.3f'):>8} "
+            f"{f(r.get('estimate_ms')):>8} {f(r.get('sparse_attention_ms')):>9} "
+            f"{f(r.get('dense_attention_ms')):>9} {f(r.get('rest_ms')):>9} "
+            f"{f(r['total_ms']):>10} {f(r.get('speedup_vs_flash'), '.2f'):>9} "
+            f"{f(r.get('speedup_vs_cudnn'), '.2f'):>9} "
+            f"{f(r.get('attention_bound_vs_flash'), '.2f'):>6}"
+        )
+    return "\n".join(lines)
+
+
+def run(cfg, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:
+    metrics = evaluate(resolved)
+    print(table(metrics))
+    for i, r in enumerate(metrics["rows"]):
+        logger.log({f"{r['label']}/total_ms": r.get("total_ms")}, step=i)
+    return metrics

@@ -1,0 +1,85 @@
+"""Model configs and the time-to-first-token job (kind=e2e) on tiny random-weight architectures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from harness_util import compose, run_inprocess  # noqa: E402
+
+SHRINK = ["model.weights=random", "model.arch.vocab_size=500", "model.arch.hidden_size=288",
+          "model.arch.intermediate_size=256"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["gemma3_270m", "smollm2_135m", "llama31_8b", "qwen3_8b"])
+def test_model_configs_build_their_architecture(name):
+    from omegaconf import OmegaConf
+
+    from eval import models
+
+    mc = OmegaConf.to_container(compose([f"model={name}", *SHRINK]).model, resolve=True)
+    full_layers = mc["arch"]["num_hidden_layers"]
+    mc["arch"]["num_hidden_layers"] = 6 if name == "gemma3_270m" else 2
+    if name == "gemma3_270m":
+        mc["arch"]["layer_types"] = mc["arch"]["layer_types"][:6]
+    mc["dtype"] = "float32"
+    model, tok = models.load(mc, torch.device("cpu"))
+    assert tok is None and model.config.num_hidden_layers == mc["arch"]["num_hidden_layers"]
+    assert (
+        full_layers
+        == {"gemma3_270m": 18, "smollm2_135m": 30, "llama31_8b": 32, "qwen3_8b": 36}[name]
+    )
+    assert "random weights" in models.describe(mc)
+    if name == "qwen3_8b":
+        assert model.config.rope_parameters["rope_type"] == "yarn"
+
+
+def test_model_config_errors_name_the_key(tmp_path):
+    from eval import models
+
+    with pytest.raises(ValueError, match="weights='nope'"):
+        models.normalize({"name": "x", "path": "p", "weights": "nope"})
+    with pytest.raises(ValueError, match="source='ftp'"):
+        models.normalize({"name": "x", "path": "p", "source": "ftp"})
+    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+        models.load({"name": "x", "source": "gguf", "path": str(tmp_path), "gguf_file": "m.gguf"},
+                    torch.device("cpu"))  # fmt: skip
+    with pytest.raises(ValueError, match="weights=random needs an `arch`"):
+        models.load({"name": "x", "weights": "random"}, torch.device("cpu"))
+
+
+def test_e2e_job_records_breakdown_and_speedups(tmp_path):
+    arch = ["model.arch.num_hidden_layers=2", "model.arch.num_attention_heads=4",
+            "model.arch.num_key_value_heads=2", "model.arch.head_dim=32"]  # fmt: skip
+    rec = run_inprocess(
+        ["kind=e2e", "model=llama31_8b", *SHRINK, *arch, "e2e.lengths=[256,384]",
+         "e2e.dense=[flash]", "e2e.methods=[pbs]", "e2e.reps=2", "e2e.warmup=0",
+         "method.segment_len=128", "method.block_m=32", "method.block_n=32", "tau=0.3",
+         "device=cpu"],
+        tmp_path,
+    )  # fmt: skip
+    assert rec["status"] == "ok", rec.get("traceback")
+    assert "/e2e/llama31_8b/s2o/" in rec["path"]
+    m = rec["metrics"]
+    assert m["weights"] == "random" and m["text"] == "random token ids"
+    rows = {(r["L"], r["label"]): r for r in m["rows"]}
+    assert set(rows) == {
+        (L, c) for L in (256, 384) for c in ("full_flash", "sdpa_stock", "s2o", "pbs")
+    }
+    s2o, flash = rows[(384, "s2o")], rows[(384, "full_flash")]
+    assert s2o["sparse_layers"] == [0, 1] and 0 < s2o["density"] < 1
+    assert len(s2o["wall_ms"]) == 2 and s2o["total_ms"] > 0
+    assert s2o["speedup_vs_flash"] == pytest.approx(flash["total_ms"] / s2o["total_ms"])
+    assert flash["attention_bound_vs_flash"] > 1
+    parts = s2o["estimate_ms"] + s2o["sparse_attention_ms"] + s2o["rest_ms"]
+    assert parts == pytest.approx(s2o["total_ms"], rel=0.5)  # events of the median run vs its wall
+
+
+def test_e2e_lengths_default_to_powers_of_two_up_to_max_len():
+    from experiments.e2e import lengths
+
+    assert lengths({"lengths": None}, {"max_len": 32768}) == [8192, 16384, 32768]
+    with pytest.raises(ValueError, match="outside"):
+        lengths({"lengths": [70000]}, {"max_len": 32768})
