@@ -11,8 +11,9 @@ prompt of that many tokens is prefilled (``model(ids, use_cache=True, logits_to_
 - the job's method (``method=...``) and every name in ``e2e.methods`` (their registered defaults).
 
 Each prefill's time is the median of ``e2e.reps`` synchronized wall-clock runs; ``e2e.warmup``
-untimed prefills at the first length warm each configuration up (Triton compiles once: no kernel
-is specialized on the length). The plug-in's CUDA events split it into estimation, sparse
+untimed prefills at the first length warm each configuration up, and at every length the method
+first runs once on random Q/K/V of one layer's shape (Triton specializes some launch parameters on
+the length, cuDNN plans per shape: compilation stays out of the timing). The plug-in's CUDA events split it into estimation, sparse
 attention (the selected layers), dense attention (sliding-window layers), and the rest
 (projections, MLPs, norms, logits). The
 attention bound is total / (total - selected layers' dense attention time) of the flash run: no
@@ -82,6 +83,7 @@ def measure(model, ids, method: str | None, knobs: dict, e2e: dict, sync, warmup
     with sparse_prefill(model, method, **knobs) as run:
         for _ in range(warmup):
             model(ids, use_cache=True, logits_to_keep=1)
+        warm_kernels(model, run, ids.shape[1])
         run.reset()
         times = _timed(model, ids, reps, sync)
         prefills = run.finalize()
@@ -89,6 +91,19 @@ def measure(model, ids, method: str | None, knobs: dict, e2e: dict, sync, warmup
     out = prefills[mid].summary()
     out.update(total_ms=statistics.median(times), wall_ms=times)
     return out
+
+
+def warm_kernels(model, run, length: int) -> None:
+    """Run the bound method once on random Q/K/V of one layer's shape at this length, so that
+    compilation (Triton specializes some launch parameters on L; cuDNN builds a plan per shape)
+    stays out of the timed prefills."""
+    cfg = model.config.get_text_config()
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
+    device, dtype = next(model.parameters()).device, model.dtype
+    q = torch.randn(1, hq, length, d, device=device, dtype=dtype)
+    k, v = (torch.randn(1, hkv, length, d, device=device, dtype=dtype) for _ in range(2))
+    run.method(q, k, v)
 
 
 def configurations(resolved: dict) -> list[tuple[str, str | None, dict]]:
@@ -123,7 +138,7 @@ def evaluate(resolved: dict) -> dict:
     with torch.inference_mode():
         for (label, method, knobs), L in tqdm(grid, desc="e2e", disable=not resolved["progress"]):
             ids = prompt_ids(e2e, model_cfg, tok, L, resolved["seed"]).to(device)
-            warmup = int(e2e["warmup"]) if L == Ls[0] else 0  # compiles; nothing depends on L
+            warmup = int(e2e["warmup"]) if L == Ls[0] else 0
             try:
                 row = measure(model, ids, method, knobs, e2e, sync, warmup)
             except torch.OutOfMemoryError as exc:
