@@ -13,9 +13,9 @@ prompt of that many tokens is prefilled (``model(ids, use_cache=True, logits_to_
 Each prefill's time is the median of ``e2e.reps`` synchronized wall-clock runs; ``e2e.warmup``
 untimed prefills at the first length warm each configuration up, and at every length the method
 first runs once on random Q/K/V of one layer's shape (Triton specializes some launch parameters on
-the length, cuDNN plans per shape: compilation stays out of the timing). The plug-in's CUDA events split it into estimation, sparse
-attention (the selected layers), dense attention (sliding-window layers), and the rest
-(projections, MLPs, norms, logits). The
+the length, cuDNN plans per shape: compilation stays out of the timing). The plug-in's CUDA events
+split it into estimation, sparse attention (the selected layers), dense attention (sliding-window
+layers), and the rest (projections, MLPs, norms, logits). The
 attention bound is total / (total - selected layers' dense attention time) of the flash run: no
 method that only changes those layers' attention can beat it. Inputs are Paul Graham's essays in
 the model's tokens (``e2e.text=essays``), random token ids (``random``; always for random
