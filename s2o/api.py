@@ -8,7 +8,16 @@ import torch
 
 from .reference import s2o_reference
 from .stats import AttentionStats
-from .validation import check_choice, check_finite, check_positive_int, check_qkv
+from .validation import (
+    check_bool,
+    check_choice,
+    check_finite,
+    check_inference_inputs,
+    check_interpreter_dtype,
+    check_positive_int,
+    check_power_of_two,
+    check_qkv,
+)
 
 VARIANTS = ("two_pass", "fused")
 STOP_TILES = ("keep", "discard")
@@ -52,8 +61,8 @@ def check_s2o_args(
     ):
         raise ValueError(f"walk_budget must be None or an int >= 0, got {walk_budget!r}")
     check_positive_int("segment_len", segment_len)
-    check_positive_int("block_m", block_m)
-    check_positive_int("block_n", block_n)
+    check_power_of_two("block_m", block_m)
+    check_power_of_two("block_n", block_n)
     check_finite("tau", tau)
     check_choice("variant", variant, VARIANTS)
     if segment_len % block_m or segment_len % block_n:
@@ -119,6 +128,8 @@ def s2o_attention(
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     """
     check_qkv(q, k, v)
+    check_inference_inputs(q, k, v)
+    check_bool("return_stats", return_stats)
     use_q_perm = check_s2o_args(
         segment_len=segment_len, tau=tau, block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=q_perm, variant=variant, scale=scale,
@@ -130,6 +141,7 @@ def s2o_attention(
         walk_budget=walk_budget,
     )  # fmt: skip
     chosen = resolve_impl(impl, q.device)
+    check_interpreter_dtype(chosen, q)
     if chosen == "reference":
         out, stats = s2o_reference(q, k, v, **knobs)
     else:

@@ -37,9 +37,10 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
     if dq != dk:
         raise ValueError(f"head dims differ: q has D={dq}, k has D={dk}")
-    if lq == 0 or dq == 0 or bq == 0:
-        raise ValueError(f"empty input: q shape {tuple(q.shape)}")
-    if hk == 0 or hq % hk != 0:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if 0 in t.shape:
+            raise ValueError(f"empty input: {name} has shape {tuple(t.shape)} (a zero dimension)")
+    if hq % hk != 0:
         raise ValueError(f"Hq={hq} must be a multiple of Hkv={hk} (GQA)")
 
 
@@ -59,3 +60,54 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
     return value  # type: ignore[return-value]
+
+
+def check_inference_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Refuse what would give a silently wrong answer: a gradient request and non-finite values.
+
+    The methods are inference-only (no backward pass). A NaN or Inf in an input is refused rather
+    than propagated: the sparse methods would turn the affected rows into zeros or skip them
+    depending on which tiles they select, so no method could be compared against dense attention
+    there. The common case costs one reduction per tensor; the position is found only on failure.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{name} requires grad, but the attention methods are inference-only (no backward "
+                "pass): call them under torch.no_grad() or torch.inference_mode(), or pass "
+                f"{name}.detach()"
+            )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "meta" and not torch.isfinite(t.sum(dtype=torch.float32)):
+            bad = ~torch.isfinite(t)
+            if bad.any():
+                pos = tuple(int(i) for i in bad.nonzero()[0])
+                raise ValueError(
+                    f"{name} has a non-finite value ({t[pos].item()}) at [b, h, l, d] = "
+                    f"{list(pos)} ({int(bad.sum())} non-finite in all): the methods refuse "
+                    "NaN/Inf inputs (sparse selection would hide or zero them); clean the input"
+                )
+
+
+def check_interpreter_dtype(impl: str, t: torch.Tensor) -> None:
+    """bf16 on the Triton CPU interpreter is refused: its bf16 ``tl.dot`` is wrong (errors ~1e8)."""
+    if impl == "triton" and t.device.type == "cpu" and t.dtype == torch.bfloat16:
+        raise ValueError(
+            "bfloat16 with impl='triton' on the CPU (the Triton interpreter, TRITON_INTERPRET=1) "
+            "is refused: the interpreter's bf16 tl.dot gives wrong results (errors of order 1e8). "
+            "Use float16 or float32 on the CPU, impl='reference', or a CUDA GPU for bf16"
+        )
+
+
+def check_power_of_two(name: str, value: object) -> int:
+    """Tile sizes: the Triton kernels build ``tl.arange(0, size)``, which needs a power of two."""
+    check_positive_int(name, value)
+    if value & (value - 1):  # type: ignore[operator]
+        raise ValueError(f"{name}={value} must be a power of two (a Triton tile size)")
+    return value  # type: ignore[return-value]
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value

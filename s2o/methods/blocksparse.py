@@ -20,7 +20,7 @@ import torch
 
 from ..api import resolve_impl
 from ..stats import AttentionStats, _cdiv, dense_causal_tile_count
-from ..validation import check_choice, check_finite, check_positive_int
+from ..validation import check_choice, check_finite, check_power_of_two
 from .registry import Method, register
 
 IMPLS = ("auto", "reference", "triton")
@@ -196,7 +196,7 @@ def check_impl(impl) -> None:
 
 
 def check_block_size(block_size) -> None:
-    check_positive_int("block_size", block_size)
+    check_power_of_two("block_size", block_size)
 
 
 def check_scale(scale) -> None:

@@ -10,7 +10,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..stats import AttentionStats, dense_causal_tile_count
-from ..validation import check_choice, check_positive_int
+from ..validation import check_choice, check_finite, check_positive_int
 from .registry import Method, register
 
 BACKENDS = {
@@ -29,13 +29,42 @@ def full_attention(q, k, v, *, backend: str = "auto", scale: float | None = None
     if backend == "auto":
         backend = "flash" if q.device.type == "cuda" else "math"
     check_choice("backend", backend, tuple(BACKENDS))
+    check_backend_usable(backend, q, k, v)
     group = q.shape[1] // k.shape[1]
     if group > 1 and backend in ("cudnn", "efficient"):
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         group = 1
-    with sdpa_kernel([BACKENDS[backend]]):
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=scale, enable_gqa=group > 1
+    try:
+        with sdpa_kernel([BACKENDS[backend]]):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=group > 1
+            )
+    except RuntimeError as exc:
+        if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
+            raise
+        raise ValueError(
+            f"full backend={backend!r} has no kernel for these inputs (device {q.device}, dtype "
+            f"{q.dtype}, q shape {tuple(q.shape)}, last-dim strides {_strides(q, k, v)}): "
+            "use backend='auto' or 'math'"
+        ) from exc
+
+
+def _strides(q, k, v) -> dict:
+    return {name: t.stride(-1) for name, t in (("q", q), ("k", k), ("v", v))}
+
+
+def check_backend_usable(backend: str, q, k, v) -> None:
+    """The cases PyTorch reports only as "No available kernel", named with knob and cause."""
+    if backend in ("cudnn", "efficient") and q.device.type != "cuda":
+        raise ValueError(
+            f"full backend={backend!r} needs CUDA tensors, got device {q.device}: "
+            "use backend='auto' (math on the CPU) or 'math'"
+        )
+    if backend != "math" and any(s != 1 for s in _strides(q, k, v).values()):
+        raise ValueError(
+            f"full backend={backend!r} needs a contiguous last dimension (stride 1), got "
+            f"last-dim strides {_strides(q, k, v)}: pass .contiguous() tensors or use "
+            "backend='math'"
         )
 
 
@@ -43,6 +72,8 @@ def _check(*, backend, block_m, block_n, scale):
     check_choice("backend", backend, ("auto", *BACKENDS))
     check_positive_int("block_m", block_m)
     check_positive_int("block_n", block_n)
+    if scale is not None and check_finite("scale", scale) <= 0:
+        raise ValueError(f"scale must be > 0, got {scale!r}")
 
 
 def _attend(q, k, v, plan, *, backend, block_m, block_n, scale):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..stats import AttentionStats
-from ..validation import check_finite, check_qkv
+from ..validation import check_finite, check_inference_inputs, check_interpreter_dtype, check_qkv
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,10 @@ class BoundMethod:
     def estimate(self, q, k, v, *, scale: float | None = None) -> Any:
         """The method's plan (Step 1 for S2O, the block pattern for the baselines)."""
         check_qkv(q, k, v)
+        if "impl" in self.knobs:
+            from ..api import resolve_impl
+
+            check_interpreter_dtype(resolve_impl(self.knobs["impl"], q.device), q)
         return self.method.estimate(q, k, v, **self._knobs(scale))
 
     def attend(self, q, k, v, plan, *, scale: float | None = None):
@@ -153,8 +157,15 @@ def sparse_attention(
         **knobs: method knobs; unknown ones raise ``ValueError`` listing the valid ones.
     Returns:
         ``(out [B, Hq, L, D] in q's dtype, AttentionStats)``.
+
+    Inference only: inputs that require grad (with grad enabled) and NaN/Inf inputs raise
+    ``ValueError`` naming the tensor (and the position). A bound method called per layer
+    (:func:`bind`) skips the NaN scan, which costs a reduction and a host sync.
     """
-    return bind(method, **knobs)(q, k, v, timing=timing)
+    bound = bind(method, **knobs)
+    check_qkv(q, k, v)
+    check_inference_inputs(q, k, v)
+    return bound(q, k, v, timing=timing)
 
 
 def bind(method: str, **knobs) -> BoundMethod:

@@ -29,7 +29,8 @@ Differences from the official code:
   ``Xattention_prefill`` uses, ``kdb`` to 1.
 * The official ``Xattention_prefill`` default threshold is 0.8; the S2O paper used 0.9 (our
   default).
-* ``threshold >= 1`` keeps every causal block (the cumulative mass never reaches it).
+* ``threshold >= 1`` keeps every causal block (selected directly: the cumulative rule would miss
+  blocks whose estimated mass underflows to 0).
 * ``scale`` (default ``1/sqrt(D)``) also scales the estimate (official: always ``1/sqrt(D)``).
 """
 
@@ -78,8 +79,13 @@ def antidiagonal_block_scores(q, k, *, block_size, stride, scale, norm) -> torch
 
 
 def select_blocks(scores: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Step 3 on ``[B, H, NB, NB]`` block scores -> causal bool mask."""
+    """Step 3 on ``[B, H, NB, NB]`` block scores -> causal bool mask.
+
+    ``threshold >= 1`` selects every causal block: the cumulative rule alone would leave out
+    blocks whose estimated mass underflows to 0 (peaked fp16 inputs), which is not dense."""
     nb = scores.shape[-1]
+    if threshold >= 1:
+        return block_causal(nb, scores.device).expand(scores.shape).clone()
     s = scores.double()
     r = torch.arange(nb, device=s.device)
     forced = (r[None, :] == 0) | (r[None, :] == r[:, None])
