@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from experiments.common import (
     NOT_IDENTITY,
+    ConfigError,
     JobContext,
     WandbLogger,
+    check_writable,
     execute,
     experiment_record_path,
-    identity,
     point_record_path,
     resolved_config,
+    reusable,
+    run_identity,
 )
 
 KINDS = ("operator", "sweep", "matched", "e2e")
@@ -44,8 +49,18 @@ def job_context(cfg: DictConfig) -> JobContext:
     )
 
 
-def prepare(cfg: DictConfig) -> DictConfig:
-    """Drop the hydra node and, for ``dry_run=true``, merge the ``tiny`` block (strict keys)."""
+def explicit_keys(overrides: list[str]) -> set[str]:
+    """Dotted keys set on the command line (``S=100``, ``+x.y=1``, ``data=file``)."""
+    return {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+
+
+def prepare(cfg: DictConfig, overrides: list[str] | None = None) -> DictConfig:
+    """Drop the hydra node and, for ``dry_run=true``, merge the ``tiny`` block (strict keys).
+
+    A key given on the command line wins over the ``tiny`` block (``S=100 dry_run=true`` runs
+    S=100). A dry run needs no weights: an experiment's ``data=model`` becomes synthetic inputs
+    unless ``data``, ``data.*`` or ``model*`` was given on the command line.
+    """
     cfg = cfg.copy()
     if "hydra" in cfg:
         with_flag = OmegaConf.is_struct(cfg)
@@ -53,29 +68,50 @@ def prepare(cfg: DictConfig) -> DictConfig:
         cfg.pop("hydra")
         OmegaConf.set_struct(cfg, with_flag)
     if cfg.dry_run:
-        _merge_existing(cfg, OmegaConf.to_container(cfg.tiny))
+        explicit = explicit_keys(overrides or [])
+        if cfg.data.get("source") == "model" and not any(
+            k == "data" or k.startswith(("data.", "model")) for k in explicit
+        ):
+            synthetic = OmegaConf.load(Path(__file__).parent / "conf" / "data" / "synthetic.yaml")
+            cfg.data, cfg.model = synthetic, None
+        _merge_existing(cfg, OmegaConf.to_container(cfg.tiny), explicit)
     return cfg
 
 
-def _merge_existing(node: DictConfig, values: dict) -> None:
+def _merge_existing(node: DictConfig, values: dict, explicit: set[str], prefix: str = "") -> None:
     """Apply ``values`` where the key exists in ``node`` (one ``tiny`` block serves every data
-    source); dicts recurse, anything else (lists included) replaces."""
+    source) and was not given on the command line; dicts recurse, anything else replaces."""
     for key, value in values.items():
+        dotted = f"{prefix}{key}"
         if key not in node:
             continue
         if isinstance(value, dict) and isinstance(node[key], DictConfig):
-            _merge_existing(node[key], value)
-        else:
+            _merge_existing(node[key], value, explicit, f"{dotted}.")  # data=... picks a group
+        elif dotted not in explicit:
             node[key] = value
+
+
+def warn_unread_keys(overrides: list[str]) -> None:
+    """``+key=value`` adds a key the config does not have: no code reads it (a misspelt key)."""
+    for o in overrides:
+        key = o.lstrip("+").split("=", 1)[0]
+        if o.startswith("+") and not key.startswith(("hydra.", "method.")):
+            print(
+                f"warning: {o} adds the key '{key}', which no code reads (misspelt? keys that "
+                "exist are set without '+'); it only changes the run's identity",
+                file=sys.stderr,
+            )
 
 
 def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
     """Run one Hydra job and return its record (also written to disk)."""
     ctx = ctx or job_context(cfg)
     if cfg.kind not in KINDS:
-        raise ValueError(f"kind={cfg.kind!r} is not one of {list(KINDS)}")
-    cfg = prepare(cfg)
+        raise ConfigError(f"kind={cfg.kind!r} is not one of {list(KINDS)}")
+    warn_unread_keys(ctx.overrides)
+    cfg = prepare(cfg, ctx.overrides)
     resolved = resolved_config(cfg, ctx)
+    check_writable(resolved["results_dir"])
     is_point = resolved["kind"] == "operator"
     if is_point:
         path = point_record_path(resolved)
@@ -83,15 +119,19 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
         path = e2e_record_path(resolved)
     else:
         path = experiment_record_path(resolved)
-    if resolved["skip_done"] and _done(path):
-        print(f"skip: {path} exists with status ok")
-        return {"status": "ok", "skipped": True, "path": str(path)}
+    done, how = reusable(resolved, path)
+    if done is not None:
+        if how == "stale":
+            print(f"reuse (stale: other code or data, reuse_stale=true): {done['stale']['path']}")
+        else:
+            print(f"skip: {path} exists with status ok")
+        return {"status": "ok", "skipped": True, "path": str(path), "stale": done.get("stale")}
     kind = importlib.import_module(f"experiments.{resolved['kind']}")
     logger = WandbLogger(resolved["wandb"], resolved, name=f"{resolved['name']}-{path.parent.name}")
     record, _ = execute(resolved, path, lambda: kind.run(cfg, resolved, ctx, logger))
     logger.finish(exit_code=0 if record["status"] == "ok" else 1)
     if record["status"] != "ok":
-        print(f"error: {record['error']}\n{record['traceback']}", file=sys.stderr)
+        print(f"error: {record['error']} (traceback in the record)", file=sys.stderr)
     print(f"record: {path} ({record['status']}, {record['elapsed_s']:.1f} s)")
     return {**record, "path": str(path)}
 
@@ -101,7 +141,7 @@ def e2e_record_path(resolved: dict):
     from pathlib import Path
 
     model = (resolved.get("model") or {}).get("name", "no_model")
-    rid = identity(resolved, NOT_IDENTITY)
+    rid = run_identity(resolved, NOT_IDENTITY)["id"]
     return (
         Path(resolved["results_dir"])
         / "e2e"
@@ -112,17 +152,14 @@ def e2e_record_path(resolved: dict):
     )
 
 
-def _done(path) -> bool:
-    from experiments.common import read_record
-
-    rec = read_record(path)
-    return rec is not None and rec.get("status") == "ok"
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     ctx = job_context(cfg)
-    record = run_job(cfg, ctx)
+    try:
+        record = run_job(cfg, ctx)
+    except (ConfigError, MissingMandatoryValue) as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
     if record["status"] != "ok" and not ctx.multirun:
         sys.exit(1)
 

@@ -15,27 +15,49 @@ from .synthetic import spec_from_cfg, synthetic_qkv
 Layer = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def load_safetensors_layers(
     path: str | Path, layers: list[int] | None, L: int | None, device, dtype
 ) -> list[Layer]:
-    """Layers ``q.<i>``, ``k.<i>``, ``v.<i>`` of a safetensors file, optionally the first ``L``."""
-    from safetensors import safe_open
+    """Layers ``q.<i>``, ``k.<i>``, ``v.<i>`` of a safetensors file, optionally the first ``L``.
 
-    with safe_open(str(path), framework="pt") as f:
-        keys = set(f.keys())
-        found = sorted(int(k.split(".", 1)[1]) for k in keys if k.startswith("q."))
-        wanted = found if layers is None else [int(i) for i in layers]
-        missing = [i for i in wanted if f"q.{i}" not in keys]
-        if missing or not wanted:
-            raise ValueError(f"{path}: layers {missing or wanted} not found; the file has {found}")
-        out = []
-        for i in wanted:
-            q, k, v = (f.get_tensor(f"{n}.{i}") for n in "qkv")
-            if L is not None:
-                if L > q.shape[2]:
-                    raise ValueError(f"{path}: data.L={L} > stored length {q.shape[2]}")
-                q, k, v = q[:, :, :L], k[:, :, :L], v[:, :, :L]
-            out.append((i, *(t.to(device=device, dtype=dtype).contiguous() for t in (q, k, v))))
+    A file that cannot be read (truncated, corrupt, not safetensors) or that holds non-float
+    tensors raises ``ValueError`` naming the file (and the tensor)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return _read_layers(f, path, layers, L, device, dtype)
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(
+            f"{path}: cannot read this safetensors file ({exc}); it may be truncated or corrupt: "
+            "delete it (a capture cache is rebuilt on the next run) or save it again"
+        ) from exc
+
+
+def _read_layers(f, path, layers, L, device, dtype) -> list[Layer]:
+    keys = set(f.keys())
+    found = sorted(int(k.split(".", 1)[1]) for k in keys if k.startswith("q."))
+    wanted = found if layers is None else [int(i) for i in layers]
+    missing = [i for i in wanted if any(f"{n}.{i}" not in keys for n in "qkv")]
+    if missing or not wanted:
+        raise ValueError(f"{path}: layers {missing or wanted} not found; the file has {found}")
+    out = []
+    for i in wanted:
+        q, k, v = (f.get_tensor(f"{n}.{i}") for n in "qkv")
+        for n, t in zip("qkv", (q, k, v)):
+            if t.dtype not in FLOAT_DTYPES:
+                raise ValueError(
+                    f"{path}: tensor {n}.{i} has dtype {t.dtype}; Q/K/V must be floating point "
+                    "(float16, bfloat16, float32): casting integers would change the numbers"
+                )
+        if L is not None:
+            if L > q.shape[2]:
+                raise ValueError(f"{path}: data.L={L} > stored length {q.shape[2]}")
+            q, k, v = q[:, :, :L], k[:, :, :L], v[:, :, :L]
+        out.append((i, *(t.to(device=device, dtype=dtype).contiguous() for t in (q, k, v))))
     return out
 
 

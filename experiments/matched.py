@@ -17,9 +17,10 @@ from tqdm.auto import tqdm
 
 from eval.data import load_layers
 from s2o import METHODS
+from s2o.methods import resolve_knobs
 
 from . import operator
-from .common import JobContext, WandbLogger
+from .common import JobContext, WandbLogger, check_memory
 
 
 class Curve:
@@ -118,6 +119,10 @@ def ratios(results: dict, cfg: dict) -> dict:
 
 def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:
     mcfg = resolved["matched"]
+    for name in mcfg["methods"]:  # bad knobs fail before the inputs are built or captured
+        if name in METHODS:
+            resolve_knobs(name, {**METHODS[name].defaults, **(mcfg["knobs"].get(name) or {})})
+    check_memory(resolved)
     device, dtype = torch.device(resolved["device"]), getattr(torch, resolved["dtype"])
     layers, info = load_layers(resolved["data"], resolved.get("model"), device, dtype)
     refs: dict = {}

@@ -18,7 +18,7 @@ from eval.data import Layer, load_layers
 from s2o import METHODS, sparse_attention
 from s2o.methods import resolve_knobs
 
-from .common import JobContext, WandbLogger, bench_ms
+from .common import JobContext, WandbLogger, bench_ms, check_memory
 
 
 def full_knobs(knobs: dict) -> dict:
@@ -94,6 +94,9 @@ def evaluate(resolved: dict, data_cache: dict | None = None) -> dict:
     """Metrics of one operator point; ``data_cache`` lets a sweep reuse inputs and references."""
     device, dtype = torch.device(resolved["device"]), getattr(torch, resolved["dtype"])
     method, knobs = resolved["method_name"], resolved["method"]
+    resolve_knobs(method, knobs)  # a bad knob fails before the inputs are built or captured
+    resolve_knobs("full", full_knobs(knobs))
+    check_memory(resolved)
     data_key = json.dumps([resolved["data"], resolved.get("model"), resolved["device"],
                            resolved["dtype"]], sort_keys=True)  # fmt: skip
     cache = data_cache if data_cache is not None else {}

@@ -60,6 +60,8 @@ def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -
         )
         row = {"label": label, "set": sets, "record": str(path), "status": record["status"]}
         row["skipped"] = skipped
+        if record.get("stale"):
+            row["stale"] = record["stale"]
         if record["status"] == "ok":
             row["metrics"] = {k: v for k, v in record["metrics"].items() if k != "per_layer"}
             logger.log({**operator.scalars(record["metrics"]), **_numeric(sets)}, step=step)
@@ -83,7 +85,7 @@ def summary_table(rows: list[dict]) -> str:
         cells = [m.get("sparsity"), m.get("mse"), m.get("mae"), lat.get("total_ms")]
         fmts = (".4f", ".3e", ".3e", ".2f")
         text = ["-" if c is None else format(c, f) for c, f in zip(cells, fmts)]
-        status = r["status"] + ("*" if r.get("skipped") else "")
+        status = r["status"] + ("~" if r.get("stale") else "*" if r.get("skipped") else "")
         lines.append(f"{r['label'][:36]:<36} {status:<7} " + " ".join(f"{t:<9}" for t in text))
-    lines.append("(* = record existed, skipped)")
+    lines.append("(* = record existed, skipped; ~ = stale record of other code or data reused)")
     return "\n".join(lines)
