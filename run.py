@@ -59,7 +59,7 @@ def prepare(cfg: DictConfig, overrides: list[str] | None = None) -> DictConfig:
 
     A key given on the command line wins over the ``tiny`` block (``S=100 dry_run=true`` runs
     S=100). A dry run needs no weights: an experiment's ``data=model`` becomes synthetic inputs
-    unless ``data``, ``data.*`` or ``model*`` was given on the command line.
+    unless ``data``, ``data.text`` or ``model*`` was given on the command line.
     """
     cfg = cfg.copy()
     if "hydra" in cfg:
@@ -70,9 +70,12 @@ def prepare(cfg: DictConfig, overrides: list[str] | None = None) -> DictConfig:
     if cfg.dry_run:
         explicit = explicit_keys(overrides or [])
         if cfg.data.get("source") == "model" and not any(
-            k == "data" or k.startswith(("data.", "model")) for k in explicit
+            k in ("data", "data.text") or k.startswith("model") for k in explicit
         ):
             synthetic = OmegaConf.load(Path(__file__).parent / "conf" / "data" / "synthetic.yaml")
+            for key in (k.removeprefix("data.") for k in explicit if k.startswith("data.")):
+                if key in synthetic:
+                    synthetic[key] = cfg.data[key]
             cfg.data, cfg.model = synthetic, None
         _merge_existing(cfg, OmegaConf.to_container(cfg.tiny), explicit)
     return cfg
@@ -158,7 +161,10 @@ def main(cfg: DictConfig) -> None:
     try:
         record = run_job(cfg, ctx)
     except (ConfigError, MissingMandatoryValue) as exc:
-        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        msg = str(exc).splitlines()[0]
+        if isinstance(exc, MissingMandatoryValue):
+            msg = f"{exc.full_key} is required (??? in the config): give {exc.full_key}=<value>"
+        print(f"error: {msg}", file=sys.stderr)
         sys.exit(2)
     if record["status"] != "ok" and not ctx.multirun:
         sys.exit(1)

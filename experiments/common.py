@@ -201,14 +201,15 @@ def reusable(resolved: dict, path: Path) -> tuple[dict | None, str]:
 
     ``how`` is ``"exists"`` (same config, code and data) or ``"stale"`` (same config and device,
     other code or data; only with ``reuse_stale=true``; the record gets a ``stale`` entry).
+    A sweep's own record is never reused stale: it is rebuilt, its points marked stale.
     """
     if not resolved["skip_done"]:
         return None, ""
     rec = read_record(path)
     if rec is not None and rec.get("status") == "ok":
         return rec, "exists"
-    if not resolved.get("reuse_stale"):
-        return None, ""
+    if not resolved.get("reuse_stale") or resolved["kind"] == "sweep":
+        return None, ""  # a sweep's summary is rebuilt; its points are reused one by one
     drop = _drop_for(resolved)
     want = config_id(resolved, drop)
     found = []

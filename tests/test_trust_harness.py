@@ -1,0 +1,214 @@
+"""Issue 16, harness part: no NaN result recorded ok, no stale result reused silently, errors early
+and in one line. Each test uses the command line or input the issue reports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from harness_util import ROOT, compose, run_cli, run_inprocess
+
+import run
+from experiments import common
+from experiments.common import ConfigError, execute, point_record_path, resolved_config
+
+TINY = ["dry_run=true", "timing.enabled=false"]
+
+
+def resolved(overrides: list[str], results) -> dict:
+    cfg = compose(overrides + [f"results_dir={results}", "wandb.mode=disabled", "progress=false"])
+    ctx = run.job_context(cfg)
+    return resolved_config(run.prepare(cfg, ctx.overrides), ctx)
+
+
+# --- silent wrong numbers -----------------------------------------------------------------------
+
+
+def test_a_record_with_a_non_finite_metric_is_not_ok(tmp_path):
+    res = resolved(TINY, tmp_path)
+    path = point_record_path(res)
+    rec, _ = execute(res, path, lambda: {"mse": float("nan"), "per_layer": [{"mae": math.inf}]})
+    assert rec["status"] == "error"
+    assert "mse=nan" in rec["error"] and "per_layer.0.mae=inf" in rec["error"], rec["error"]
+    assert json.loads(path.read_text())["status"] == "error"
+
+
+# --- stale or overwritten results ---------------------------------------------------------------
+
+
+def test_device_index_is_not_identity_but_the_gpu_model_is(tmp_path, monkeypatch):
+    names = {"cuda": "NVIDIA H200"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: names["cuda"])
+    res = resolved(TINY, tmp_path)
+    ids = {}
+    for dev in ("cuda", "cuda:0", "cuda:3"):
+        ids[dev] = point_record_path({**res, "device": dev})
+    assert len(set(ids.values())) == 1, ids  # a per-GPU launcher resume with other GPU counts
+    names["cuda"] = "NVIDIA H100 80GB HBM3"
+    assert point_record_path({**res, "device": "cuda:0"}) != ids["cuda"]
+    assert point_record_path(res) != ids["cuda"]  # cpu
+
+
+def test_other_code_reruns_by_default_and_reuse_stale_reuses_it_marked(tmp_path, monkeypatch):
+    first = run_inprocess(TINY, tmp_path)
+    assert first["status"] == "ok" and not first.get("skipped")
+    assert run_inprocess(TINY, tmp_path).get("skipped")  # same code: skipped
+    monkeypatch.setattr(common, "code_revision", lambda explicit: "another-commit")
+    again = run_inprocess(TINY, tmp_path)
+    assert not again.get("skipped"), "a record of other code was reused silently"
+    assert again["identity"]["code"] == "another-commit"
+    monkeypatch.setattr(common, "code_revision", lambda explicit: "a-third-commit")
+    reused = run_inprocess(TINY + ["reuse_stale=true"], tmp_path)
+    assert reused.get("skipped") and reused["stale"]["code"] == "another-commit", reused
+
+
+def test_a_sweep_marks_stale_points(tmp_path, monkeypatch):
+    base = ["experiment=hparams_tau", "dry_run=true", "timing.enabled=false"]
+    assert run_inprocess(base, tmp_path)["status"] == "ok"
+    monkeypatch.setattr(common, "code_revision", lambda explicit: "another-commit")
+    sweep = run_inprocess(base + ["reuse_stale=true"], tmp_path)
+    points = sweep["metrics"]["points"]
+    assert all(p["skipped"] and p["stale"]["code"] for p in points), points
+
+
+def test_a_changed_data_file_at_the_same_path_reruns(tmp_path):
+    from safetensors.torch import save_file
+
+    from eval.synthetic import SyntheticSpec, synthetic_qkv
+
+    f = tmp_path / "qkv.safetensors"
+    for seed, want_skip in ((0, False), (0, True), (1, False)):
+        spec = SyntheticSpec(L=128, heads_q=2, heads_kv=1, head_dim=16, seed=seed)
+        q, k, v = synthetic_qkv(spec)
+        if not want_skip:
+            save_file({"q.0": q, "k.0": k, "v.0": v}, str(f))
+        rec = run_inprocess(
+            ["data=file", f"data.path={f}", "S=64", "method.block_m=32", "method.block_n=32",
+             "timing.enabled=false"], tmp_path / "results",
+        )  # fmt: skip
+        assert rec["status"] == "ok", rec.get("error")
+        assert bool(rec.get("skipped")) == want_skip, (seed, want_skip)
+
+
+def test_a_committed_record_is_never_replaced():
+    committed = sorted((ROOT / "results" / "runs").glob("*/*/record.json"))[0]
+    before = committed.read_bytes()
+    rec = json.loads(before)
+    res = {**rec["config"], "skip_done": False, "results_dir": str(ROOT / "results")}
+    with pytest.raises(ConfigError, match="committed record"):
+        execute(res, committed, lambda: {"mse": 0.0})
+    assert committed.read_bytes() == before
+
+
+# --- errors that came too late or never ---------------------------------------------------------
+
+
+def test_unwritable_results_dir_fails_before_computing(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"results_dir=.*a_file/results is not writable"):
+        run.run_job(compose(TINY + [f"results_dir={blocker}/results", "wandb.mode=disabled"]))
+
+
+def test_paper_scale_point_on_cpu_is_refused_naming_size_and_remedy(tmp_path):
+    rec = run_inprocess(["device=cpu", "data.L=131072", "timing.enabled=false"], tmp_path)
+    assert rec["status"] == "error"
+    assert "GiB" in rec["error"] and "L=131072" in rec["error"], rec["error"]
+    assert "device=cuda" in rec["error"] and "dry_run=true" in rec["error"], rec["error"]
+    assert rec["elapsed_s"] < 5, "refused up front, before building the inputs"
+
+
+def _save(tmp_path, **tensors):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "qkv.safetensors"
+    save_file(tensors, str(path))
+    return path
+
+
+def test_truncated_safetensors_names_the_file(tmp_path):
+    from eval.data import load_layers
+
+    q = torch.randn(1, 2, 64, 16)
+    path = _save(tmp_path, **{"q.0": q, "k.0": q[:, :1].clone(), "v.0": q[:, :1].clone()})
+    path.write_bytes(path.read_bytes()[:-100])
+    data = {"source": "file", "path": str(path), "L": None, "layers": None}
+    with pytest.raises(ValueError, match=rf"{path}: cannot read this safetensors file"):
+        load_layers(data, None, torch.device("cpu"), torch.float32)
+    path.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match=rf"{path}: cannot read"):
+        load_layers(data, None, torch.device("cpu"), torch.float32)
+
+
+def test_int32_data_file_is_refused(tmp_path):
+    q = torch.randint(0, 9, (1, 2, 64, 16), dtype=torch.int32)
+    path = _save(tmp_path, **{"q.0": q, "k.0": q[:, :1].clone(), "v.0": q[:, :1].clone()})
+    rec = run_inprocess(["data=file", f"data.path={path}", "S=32", "method.block_m=16",
+                         "method.block_n=16", "timing.enabled=false"], tmp_path)  # fmt: skip
+    assert rec["status"] == "error"
+    assert "q.0 has dtype torch.int32" in rec["error"] and str(path) in rec["error"], rec["error"]
+
+
+@pytest.mark.parametrize(
+    "experiment", sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+)
+def test_every_experiment_dry_runs_by_name_without_weights(experiment, tmp_path):
+    """Exactly `python run.py experiment=<name> dry_run=true`: no data=synthetic given."""
+    rec = run_inprocess([f"experiment={experiment}", "dry_run=true"], tmp_path)
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["config"]["data"]["source"] == "synthetic" and rec["config"]["data"]["L"] <= 512
+    for p in rec["metrics"].get("points", []):
+        assert p["status"] == "ok", p
+
+
+def test_plus_key_warns_that_no_code_reads_it(capsys):
+    run.warn_unread_keys(["+taux=1", "+data.sinkk=2", "tau=0.1", "+hydra.job.env_set.X=1"])
+    err = capsys.readouterr().err
+    assert "+taux=1" in err and "+data.sinkk=2" in err and "no code reads" in err, err
+    assert "tau=0.1" not in err and "hydra" not in err
+
+
+@pytest.mark.parametrize(
+    "overrides, want",
+    [(["S=100"], {"S": 100, "method.segment_len": 100, "data.L": 512}),
+     (["data.L=300"], {"S": 256, "data.L": 300}),
+     (["experiment=hparams_tau", "data.L=384"], {"data.L": 384, "data.source": "synthetic"})],
+)  # fmt: skip
+def test_dry_run_keeps_command_line_values(overrides, want, tmp_path):
+    """Was: `S=100 dry_run=true` recorded S=256 (and then skipped against an earlier run)."""
+    from omegaconf import OmegaConf
+
+    res = OmegaConf.create(resolved(overrides + ["dry_run=true"], tmp_path))
+    got = {k: OmegaConf.select(res, k) for k in want}
+    assert got == want
+
+
+def test_method_knobs_are_checked_before_the_model_capture(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("a few words")
+    args = ["data=model", "model=llama31_8b", f"data.text={text}", "model.path=/nonexistent/w"]
+    rec = run_inprocess(args + ["method.block_m=100"], tmp_path)
+    assert rec["status"] == "error"
+    assert "block_m=100" in rec["error"], rec["error"]
+
+
+def test_seed_abc_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"seed='abc' must be an int"):
+        run_inprocess(["seed=abc", "dry_run=true"], tmp_path)
+    with pytest.raises(ConfigError, match=r"data.L='abc' must be an int"):
+        run_inprocess(["data.L=abc", "dry_run=true"], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [(["seed=abc"], "seed='abc'"), (["device=tpu"], "device='tpu'"),
+     (["data=file"], "data.path")],
+)  # fmt: skip
+def test_bad_command_lines_end_in_one_line_naming_the_key(args, needle, tmp_path):
+    proc = run_cli(args + ["dry_run=true"], tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: ") and needle in lines[-1], proc.stderr[-2000:]
