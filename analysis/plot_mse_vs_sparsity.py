@@ -1,9 +1,12 @@
 """Paper Fig. 4a from records: MSE vs sparsity, one curve per method (log-scale MSE).
 
     python analysis/plot_mse_vs_sparsity.py [--results results] [--name fig4a_mse_vs_sparsity]
+        [--latest] [--out FILE]
 
-Reads the latest ok record of the named kind=matched experiment; every evaluated knob value is a
-point; the bisection results at the target sparsities are marked.
+Reads the record of the named kind=matched experiment pinned in ``results/manifest.yaml``
+(``--latest``: the newest ok record instead); every evaluated knob value is a point; the bisection
+results at the target sparsities are marked. Writes ``outputs/analysis/<name>.png`` (git-ignored);
+``python analysis/pin.py`` rebuilds the published ``results/figures/<name>.png``.
 """
 
 from __future__ import annotations
@@ -12,9 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from analysis.records import describe, latest  # noqa: E402
+from analysis.records import SCRATCH, describe, record_for
 
 
 def plot(rec: dict, out: Path) -> Path:
@@ -51,12 +52,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", type=Path, default=Path("results"))
     ap.add_argument("--name", default="fig4a_mse_vs_sparsity")
+    ap.add_argument("--latest", action="store_true", help="newest ok record, not the pinned one")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    rec = latest(args.results, args.name)
+    rec = record_for(args.results, args.name, args.latest)
     if rec is None:
-        sys.exit(f"no ok record under {args.results}/experiments/{args.name}: run the experiment")
-    out = args.out or Path(args.results) / "figures" / f"{args.name}.png"
+        how = "ok record under" if args.latest else "record pinned in results/manifest.yaml for"
+        sys.exit(f"no {how} {args.results}/experiments/{args.name}: run the experiment or pin it")
+    out = args.out or SCRATCH / f"{args.name}.png"
     print(describe(rec))
     print(plot(rec, out))
 

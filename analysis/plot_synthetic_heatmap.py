@@ -3,8 +3,8 @@
 The only script in analysis/ that computes something: it visualises the *input generator* so a user
 can see the planted stripes; it does not touch results.
 
-    python analysis/plot_synthetic_heatmap.py --L 2048 --head 0 \
-        --out results/figures/synthetic_heatmap.png
+    python analysis/plot_synthetic_heatmap.py --L 2048 --head 0  # outputs/analysis/, git-ignored
+    python analysis/plot_synthetic_heatmap.py --out results/figures/synthetic_heatmap.png
     python analysis/plot_synthetic_heatmap.py --set sink=0 heavy=0   # switch structures off
 """
 
@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from eval.synthetic import SyntheticSpec, synthetic_qkv  # noqa: E402
+from analysis.records import SCRATCH
+from eval.synthetic import SyntheticSpec, synthetic_qkv
 
 
 def head_maps(spec: SyntheticSpec, head: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--head", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", nargs="*", default=[], help="spec overrides, e.g. sink=0 slash=6")
-    ap.add_argument("--out", type=Path, default=Path("results/figures/synthetic_heatmap.png"))
+    ap.add_argument("--out", type=Path, default=SCRATCH / "synthetic_heatmap.png")
     args = ap.parse_args(argv)
     fields = {f.name: f.type for f in dataclasses.fields(SyntheticSpec)}
     extra = {}

@@ -1,4 +1,9 @@
-"""Reading run records (never recomputing): the helpers every analysis script uses."""
+"""Reading run records (never recomputing): the helpers every analysis script uses.
+
+Published tables and figures come from the records pinned in ``results/manifest.yaml``
+(:func:`pinned`); ``--latest`` in a script takes the newest ok record of each experiment instead
+(:func:`latest`), for looking at one's own runs.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,10 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MANIFEST = "manifest.yaml"
+# Where the scripts write by default: git-ignored, so analysis never modifies a tracked file.
+SCRATCH = ROOT / "outputs" / "analysis"
 
 
 def paper_numbers() -> dict:
@@ -30,11 +39,48 @@ def latest(results: Path, name: str) -> dict | None:
     return recs[0] if recs else None
 
 
+def manifest(results: Path) -> dict:
+    path = Path(results) / MANIFEST
+    if not path.is_file():
+        raise SystemExit(
+            f"no {path}: pin records with `python analysis/pin.py --latest`, or pass --latest"
+        )
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def pinned(results: Path, name: str) -> dict | None:
+    """The record of experiment ``name`` pinned in ``results/manifest.yaml`` (None if unpinned)."""
+    rel = (manifest(results).get("experiments") or {}).get(name)
+    if rel is None:
+        return None
+    path = Path(results) / rel
+    rec = json.loads(path.read_text())
+    if rec.get("status") != "ok":
+        raise SystemExit(f"{path} (pinned for {name}) has status {rec.get('status')!r}")
+    rec["_path"] = str(path)
+    return rec
+
+
+def record_for(results: Path, name: str, use_latest: bool) -> dict | None:
+    return latest(results, name) if use_latest else pinned(results, name)
+
+
+def stale_points(rec: dict) -> list[str]:
+    """Labels of sweep points whose record was made by other code or data (``reuse_stale``)."""
+    return [p["label"] for p in rec["metrics"].get("points", []) if p.get("stale")]
+
+
 def describe(rec: dict) -> str:
     env, cfg = rec["environment"], rec["config"]
     data = cfg["data"]
     src = data["source"] + (f" {cfg['model']['path']}" if data["source"] == "model" else "")
-    return (
+    text = (
         f"{rec['_path']}: {src}, L={data['L']}, device {env['device_name']}, dtype {cfg['dtype']}, "
         f"git {env['git_revision'][:10]}, {env['time']}"
     )
+    if rec.get("stale"):
+        text += f"; STALE: reused from code {rec['stale'].get('code')} (reuse_stale=true)"
+    stale = stale_points(rec)
+    if stale:
+        text += f"; STALE points (other code or data, reuse_stale=true): {', '.join(stale)}"
+    return text

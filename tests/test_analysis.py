@@ -1,12 +1,16 @@
-"""analysis/ reads records only: tables and Fig. 4a from tiny dry-run records."""
+"""analysis/ reads records only: tables and Fig. 4a from tiny dry-run records; the published ones
+from the records pinned in results/manifest.yaml."""
 
 from __future__ import annotations
 
-import pytest
-from harness_util import run_inprocess
+import json
+import subprocess
 
-from analysis import ablation_tables, plot_mse_vs_sparsity
-from analysis.records import paper_numbers
+import pytest
+from harness_util import ROOT, run_inprocess
+
+from analysis import ablation_tables, pin, plot_mse_vs_sparsity
+from analysis.records import SCRATCH, describe, paper_numbers
 
 
 def test_paper_numbers_match_the_published_tables():
@@ -27,7 +31,7 @@ def results(tmp_path_factory):
 
 
 def test_ablation_tables_put_ours_next_to_the_paper(results, tmp_path):
-    ablation_tables.main(["--results", str(results), "--out", str(tmp_path / "abl.md")])
+    ablation_tables.main(["--results", str(results), "--latest", "--out", str(tmp_path / "abl.md")])
     text = (tmp_path / "abl.md").read_text()
     assert "| 256 | 0.005 |" in text and "| 128 | 0.005 |" in text, text
     assert "| with_qperm |" in text and "0.852" in text, text
@@ -36,5 +40,62 @@ def test_ablation_tables_put_ours_next_to_the_paper(results, tmp_path):
 
 def test_fig4a_plot_from_records(results, tmp_path):
     out = tmp_path / "fig4a.png"
-    plot_mse_vs_sparsity.main(["--results", str(results), "--out", str(out)])
+    plot_mse_vs_sparsity.main(["--results", str(results), "--latest", "--out", str(out)])
     assert out.stat().st_size > 5000
+
+
+def _tracked_changes() -> str:
+    cmd = ["git", "status", "--porcelain", "--untracked-files=no"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout
+
+
+def test_published_tables_and_figure_rebuild_from_the_manifest(tmp_path, monkeypatch):
+    """The committed ablations.md and Fig. 4a come from the pinned records, byte for byte, and
+    the analysis scripts with their defaults modify no tracked file."""
+    monkeypatch.chdir(ROOT)
+    before = _tracked_changes()
+    ablation_tables.main(["--out", str(tmp_path / "abl.md")])
+    published = ROOT / "results" / "figures" / "ablations.md"
+    assert (tmp_path / "abl.md").read_text() == published.read_text()
+    plot_mse_vs_sparsity.main(["--out", str(tmp_path / "fig4a.png")])
+    ablation_tables.main([])
+    plot_mse_vs_sparsity.main([])
+    for name in ("ablations.md", "fig4a_mse_vs_sparsity.png"):
+        assert (SCRATCH / name).is_file(), name
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(SCRATCH / "ablations.md")], cwd=ROOT)
+    assert ignored.returncode == 0, "the analysis scripts' default output must be git-ignored"
+    assert _tracked_changes() == before
+
+
+def test_a_newer_record_changes_nothing_until_re_pinned(results, tmp_path):
+    """Was: analysis took "the latest record", so any run (a CPU dry run) changed the figures."""
+    pin.main(["--results", str(results), "--latest"])
+    pinned_md = (results / "figures" / "ablations.md").read_text()
+    manifest = (results / "manifest.yaml").read_text()
+    newer = run_inprocess(["experiment=hparams_tau", "dry_run=true", "data=synthetic",
+                           "sweep.grid.tau=[0.05]"], results)  # fmt: skip
+    assert newer["status"] == "ok"
+    out = tmp_path / "abl.md"
+    ablation_tables.main(["--results", str(results), "--out", str(out)])
+    assert out.read_text() == pinned_md, "a newer record changed the pinned table"
+    ablation_tables.main(["--results", str(results), "--latest", "--out", str(out)])
+    assert "| 256 | 0.05 |" in out.read_text()
+    pin.main(["--results", str(results), "--latest"])
+    assert (results / "manifest.yaml").read_text() != manifest
+    assert "| 256 | 0.05 |" in (results / "figures" / "ablations.md").read_text()
+
+
+def test_stale_points_are_marked_in_tables(results, tmp_path):
+    (path,) = (results / "experiments" / "component_ablation").glob("*/record.json")
+    rec = json.loads(path.read_text())
+    rec["metrics"]["points"][0]["stale"] = {"code": "0123abc", "data": None, "path": "x"}
+    stale_results = tmp_path / "r"
+    target = stale_results / path.relative_to(results)
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(rec))
+    text = ablation_tables.component_table(stale_results, use_latest=True)
+    label = rec["metrics"]["points"][0]["label"]
+    assert f"| {label} (stale) |" in text, text
+    assert "STALE points" in text and label in text
+    rec["_path"] = str(target)
+    assert "STALE" in describe(rec)
