@@ -6,7 +6,9 @@
 
 The record of a run lands in ``results/runs/<method>/<id>/record.json`` (kind=operator) or
 ``results/experiments/<name>/<id>/record.json`` (sweep, matched), ``<id>`` being a hash of the
-resolved config; a rerun skips a record that exists with status ok. See docs/harness.md.
+resolved config, the GPU model, the code revision and the data files' content; a rerun skips a
+record that exists with status ok. Config errors end in one line (exit code 2). See
+docs/harness.md.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from experiments.common import (
     reusable,
     run_identity,
 )
+from experiments.provenance import code_revision
 
 KINDS = ("operator", "sweep", "matched", "e2e")
 
@@ -115,6 +118,12 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
     cfg = prepare(cfg, ctx.overrides)
     resolved = resolved_config(cfg, ctx)
     check_writable(resolved["results_dir"])
+    if code_revision(resolved["git_rev"]) == "unknown":
+        print(
+            "warning: no git revision here (a copied tree?): pass git_rev=<commit> so records "
+            "made by different code are told apart",
+            file=sys.stderr,
+        )
     is_point = resolved["kind"] == "operator"
     if is_point:
         path = point_record_path(resolved)

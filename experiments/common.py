@@ -32,7 +32,9 @@ NOT_IDENTITY = (
 )  # fmt: skip
 # An operator point is identified by its method knobs, so the top-level tau/S (interpolated into
 # them, ignored by other methods) and the sweep/matched blocks are left out as well.
-NOT_POINT_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched")
+NOT_POINT_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched", "e2e")
+# A sweep or matched summary does not read the e2e block either.
+NOT_EXPERIMENT_IDENTITY = NOT_IDENTITY + ("e2e",)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -111,8 +113,9 @@ def check_types(resolved: dict) -> None:
         types = {"int": int, "float": float}
         for f in dataclasses.fields(SyntheticSpec):
             wanted[f"data.{f.name}"] = types[str(f.type)]
+    tree = OmegaConf.create(resolved)
     for key, typ in wanted.items():
-        value = OmegaConf.select(OmegaConf.create(resolved), key, default=None)
+        value = OmegaConf.select(tree, key, default=None)
         if value is not None and not _has_type(value, typ):
             raise ConfigError(f"{key}={value!r} must be {_TYPE_WORDS[typ]}")
 
@@ -188,12 +191,14 @@ def point_record_path(resolved: dict) -> Path:
 
 
 def experiment_record_path(resolved: dict) -> Path:
-    rid = run_identity(resolved, NOT_IDENTITY)["id"]
+    rid = run_identity(resolved, NOT_EXPERIMENT_IDENTITY)["id"]
     return Path(resolved["results_dir"]) / "experiments" / resolved["name"] / rid / "record.json"
 
 
 def _drop_for(resolved: dict) -> tuple[str, ...]:
-    return NOT_POINT_IDENTITY if resolved["kind"] == "operator" else NOT_IDENTITY
+    """The keys left out of the identity of a record of this kind (as its path function does)."""
+    kind = resolved["kind"]
+    return {"operator": NOT_POINT_IDENTITY, "e2e": NOT_IDENTITY}.get(kind, NOT_EXPERIMENT_IDENTITY)
 
 
 def reusable(resolved: dict, path: Path) -> tuple[dict | None, str]:
