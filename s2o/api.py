@@ -126,6 +126,9 @@ def s2o_attention(
             local window and own segment only).
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
+    Raises:
+        ValueError: a bad shape, dtype or knob; NaN/Inf in q, k or v (naming tensor and
+            position); inputs that require grad (inference only); bf16 on the Triton interpreter.
     """
     check_qkv(q, k, v)
     check_inference_inputs(q, k, v)
