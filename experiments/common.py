@@ -54,7 +54,8 @@ class JobContext:
 
 def resolve_device(name: str, ctx: JobContext) -> torch.device:
     """``auto``: CUDA when present (multirun job ``j`` on GPU ``j % count``), else CPU."""
-    if name not in ("auto", "cpu", "cuda") and not name.startswith("cuda:"):
+    cuda_index = isinstance(name, str) and name.startswith("cuda:") and name[5:].isdigit()
+    if name not in ("auto", "cpu", "cuda") and not cuda_index:
         raise ConfigError(f"device={name!r} is not one of auto, cpu, cuda, cuda:<index>")
     if name == "cpu":
         return torch.device("cpu")
