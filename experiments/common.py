@@ -229,10 +229,10 @@ def reusable(resolved: dict, path: Path) -> tuple[dict | None, str]:
         except (KeyError, RuntimeError, ValueError):
             continue
         if cid == want:
-            found.append((env.get("time", ""), p, r))
+            found.append((env.get("time", ""), p.stat().st_mtime_ns, p, r))
     if not found:
         return None, ""
-    _, p, r = max(found, key=lambda t: t[0])
+    *_, p, r = max(found, key=lambda t: t[:2])  # the newest (times have 1 s resolution)
     ident = r.get("identity") or {}
     r["stale"] = {
         "path": str(p),
