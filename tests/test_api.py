@@ -142,7 +142,9 @@ def test_bind_validates_once_and_matches_sparse_attention():
     bound = bind("s2o", segment_len=128, tau=0.01, block_m=32, block_n=32)
     assert bound.knobs["q_perm"] is True and isinstance(bound.knobs["tau"], float)
     out, st = bound(q, k, v)
-    ref, st_ref = sparse_attention("s2o", q, k, v, segment_len=128, tau=0.01, block_m=32, block_n=32)
+    ref, st_ref = sparse_attention(
+        "s2o", q, k, v, segment_len=128, tau=0.01, block_m=32, block_n=32
+    )
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     assert st.sparsity == st_ref.sparsity
     out2, _ = bound(q, k, v, scale=0.5)
