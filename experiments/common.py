@@ -111,9 +111,10 @@ def check_types(resolved: dict) -> None:
 
     wanted = dict(TYPES)
     if resolved["data"].get("source") == "synthetic":
-        types = {"int": int, "float": float}
+        types = {"int": int, "float": float, "bool": bool, int: int, float: float, bool: bool}
         for f in dataclasses.fields(SyntheticSpec):
-            wanted[f"data.{f.name}"] = types[str(f.type)]
+            if f.type in types:
+                wanted[f"data.{f.name}"] = types[f.type]
     tree = OmegaConf.create(resolved)
     for key, typ in wanted.items():
         value = OmegaConf.select(tree, key, default=None)
