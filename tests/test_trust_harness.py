@@ -205,6 +205,8 @@ def test_seed_abc_names_the_key(tmp_path):
         run_inprocess(["data.L=abc", "dry_run=true"], tmp_path)
     with pytest.raises(ConfigError, match=r"device='cuda:x' is not one of"):
         run_inprocess(["device=cuda:x", "dry_run=true"], tmp_path)
+    with pytest.raises(ConfigError, match=r"data.path=/nonexistent.st: no such file"):
+        run_inprocess(["data=file", "data.path=/nonexistent.st"], tmp_path)
 
 
 @pytest.mark.parametrize(
