@@ -83,3 +83,24 @@ def test_e2e_lengths_default_to_powers_of_two_up_to_max_len():
     assert lengths({"lengths": None}, {"max_len": 32768}) == [8192, 16384, 32768]
     with pytest.raises(ValueError, match="outside"):
         lengths({"lengths": [70000]}, {"max_len": 32768})
+
+
+def test_e2e_table_reads_a_record(tmp_path):
+    import json
+
+    from analysis.e2e_table import table
+
+    rec = {
+        "status": "ok",
+        "environment": {"device_name": "GPU", "torch": "t", "triton": "x", "git_revision": "abc"},
+        "metrics": {"model": "m", "text": "essays", "dtype": "bfloat16", "rows": [
+            {"label": "s2o", "L": 8, "density": 0.5, "total_ms": 2.0, "speedup_vs_flash": 2.0},
+            {"label": "full_flash", "L": 8, "density": 1.0, "total_ms": 4.0},
+            {"label": "pbs", "L": 8, "error": "OutOfMemoryError: x"},
+        ]},
+    }  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps(rec))
+    lines = table(rec, "r.json").splitlines()
+    assert lines[4].startswith("| full_flash | 8 | 1.000 |")  # dense rows first at each length
+    assert "| s2o | 8 | 0.500 | - |" in lines[5] and "| 2.00 |" in lines[5]
+    assert "OutOfMemoryError" in lines[6]
