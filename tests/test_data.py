@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -134,3 +135,24 @@ def test_harness_runs_on_captured_model(tmp_path):
     )  # fmt: skip
     assert rec["status"] == "ok", rec.get("traceback")
     assert rec["metrics"]["shape"]["layers"] == 2 and len(rec["metrics"]["per_layer"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="needs the realmodel extra")
+def test_capture_real_embedded_model_on_essays(tmp_path):
+    """data=model with SmolLM2-135M (GGUF from PyPI) on Paul Graham's essays, default layers."""
+    import os
+
+    from harness_util import compose  # noqa: I001
+    from omegaconf import OmegaConf
+
+    cfg = compose(["data=model", "model=smollm2_135m", "data.L=128", "model.dtype=float32",
+                   f"data.cache_dir={tmp_path}/qkv"])  # fmt: skip
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model_cfg["cache_dir"] = os.environ.get("S2O_CACHE", "cache") + "/models"
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    layers, info = load_layers(data, model_cfg, torch.device("cpu"), torch.float32)
+    assert [lid for lid, *_ in layers] == [0, 15, 29] and not info["cache_hit"]
+    _, q, k, v = layers[1]
+    assert q.shape == (1, 9, 128, 64) and k.shape == (1, 3, 128, 64) == v.shape
+    assert torch.isfinite(q).all() and q.abs().max() > 0
