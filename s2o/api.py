@@ -102,8 +102,9 @@ def s2o_attention(
     return_stats: bool = False,
     stop_tile: str = "keep",
     walk_budget: int | None = None,
+    causal: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
-    """Causal S2O sparse prefill attention.
+    """S2O sparse prefill attention, causal by default.
 
     Args:
         q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]`` with ``Hq % Hkv == 0`` (GQA, K/V are
@@ -117,13 +118,18 @@ def s2o_attention(
         variant: ``"two_pass"`` (Pass-1 buffers + Pass-2) or ``"fused"`` (single pass).
         scale: softmax scale, default ``1/sqrt(D)``.
         impl: ``"auto"`` (Triton for CUDA tensors, reference on CPU), ``"reference"`` or
-            ``"triton"``; an explicit choice never falls back.
+            ``"triton"``; an explicit choice never falls back. The Triton kernels take head_dim
+            16, 32, 64, 128 or 256 (256 computes each key tile in 64-key parts; the tiles
+            counted stay ``block_m x block_n``); another head size is refused, naming it.
         return_stats: also return :class:`AttentionStats` (``.sparsity`` float,
             ``.sparsity_per_head`` ``[B, Hq]``).
         stop_tile: ``"keep"`` (the paper's kernel: deferred check, the tile that triggers the stop
             is added) or ``"discard"`` (Alg. 3 as printed). Same decisions and tile counts.
         walk_budget: at most this many Pass-2 key tiles per query tile (``None``: no cap; ``0``:
             local window and own segment only).
+        causal: False: each query sees its whole segment densely and Step 1 ranks every key
+            outside it (window and own segment excepted); sparsity counts against the dense
+            non-causal tile count.
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     Raises:
@@ -138,10 +144,12 @@ def s2o_attention(
         local_window=local_window, q_perm=q_perm, variant=variant, scale=scale,
         stop_tile=stop_tile, walk_budget=walk_budget,
     )  # fmt: skip
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
     knobs = dict(
         segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=use_q_perm, scale=scale, stop_tile=stop_tile,
-        walk_budget=walk_budget,
+        walk_budget=walk_budget, causal=causal,
     )  # fmt: skip
     chosen = resolve_impl(impl, q.device)
     check_interpreter_dtype(chosen, q)

@@ -4,7 +4,7 @@ Paper: "S2O: Early Stopping for Sparse Attention via Online Permutation", Sectio
 and the appendix single-pass algorithm. Everything here runs on the CPU and accumulates in fp32.
 
 Layout: q ``[B, Hq, L, D]``, k and v ``[B, Hkv, L, D]``, ``Hq % Hkv == 0`` (query head ``h`` reads
-key/value head ``h // (Hq // Hkv)``), causal prefill with equal query and key lengths.
+key/value head ``h // (Hq // Hkv)``), prefill with equal query and key lengths, causal by default.
 
 Definitions (the kernels follow them exactly):
 
@@ -17,6 +17,10 @@ Definitions (the kernels follow them exactly):
   are computed densely (``W = 0`` is Alg. 1 as printed). Scores are fp32 dot products without the
   softmax scale (a positive factor does not change an order); ties keep ascending token order.
   Indices are absolute token positions.
+* **Non-causal** (``causal=False``, the paper's ABCD and BSA studies): segment ``n``'s ranked set
+  is every key outside ``[max(0, n*S - W), e_n)`` (``e_n`` its end), ``P_n = L - (e_n - max(0,
+  n*S - W))`` keys ranked the same way; Pass-1 attends to the window and the *whole* own segment.
+  Everything else is unchanged.
 * **Pass-1 (Alg. 2) + local window.** Every query ``i`` of segment ``n`` attends densely, in
   original order, to keys ``[max(0, n*S - W), i]``: the local window and the causal part of its
   own segment.
@@ -51,7 +55,7 @@ import math
 
 import torch
 
-from .stats import AttentionStats, _cdiv, s2o_stats
+from .stats import AttentionStats, _cdiv, s2o_ranked_len, s2o_stats
 
 
 def segment_ranges(seq_len: int, segment_len: int) -> list[tuple[int, int]]:
@@ -65,7 +69,11 @@ def ranked_prefix_len(segment_start: int, local_window: int) -> int:
 
 
 def s2o_permutations(
-    q: torch.Tensor, k: torch.Tensor, segment_len: int, local_window: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    segment_len: int,
+    local_window: int = 0,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 (Alg. 1): the index arrays, nothing else is moved.
 
@@ -74,8 +82,9 @@ def s2o_permutations(
     Returns:
         q_perm: ``[B, Hq, L]`` int64. ``q_perm[..., s:e]`` is a permutation of ``s..e-1`` for every
             segment ``[s, e)``: absolute query positions in descending ``<q, k_guide>`` order.
-        kv_perm: ``[B, Hq, N, P_max]`` int64, ``P_max = P_{N-1}``. Row ``n`` holds the ranked prefix
-            ``0..P_n-1`` in descending ``<q_mean[n], k>`` order, padded with ``-1``.
+        kv_perm: ``[B, Hq, N, P_max]`` int64, ``P_max = max_n P_n``. Row ``n`` holds the ranked
+            prefix ``0..P_n-1`` (non-causal: the keys outside the window and the own segment) in
+            descending ``<q_mean[n], k>`` order, padded with ``-1``.
     """
     B, Hq, L, D = q.shape
     group = Hq // k.shape[1]
@@ -92,8 +101,15 @@ def s2o_permutations(
 
     q_mean = torch.stack([qf[:, :, s:e].mean(dim=2) for s, e in segs], dim=2)  # [B, Hq, N, D]
     s_k = torch.einsum("bhnd,bhld->bhnl", q_mean, kf)
-    prefix = torch.tensor([ranked_prefix_len(s, local_window) for s, _ in segs], device=q.device)
-    beyond = torch.arange(L, device=q.device)[None, :] >= prefix[:, None]  # [N, L]
+    pos = torch.arange(L, device=q.device)
+    prefix = [s2o_ranked_len(L, s, segment_len, local_window, causal) for s, _ in segs]
+    prefix = torch.tensor(prefix, device=q.device)
+    if causal:
+        beyond = pos[None, :] >= prefix[:, None]  # [N, L]
+    else:
+        lo = torch.tensor([max(0, s - local_window) for s, _ in segs], device=q.device)
+        end = torch.tensor([e for _, e in segs], device=q.device)
+        beyond = (pos[None, :] >= lo[:, None]) & (pos[None, :] < end[:, None])
     s_k = s_k.masked_fill(beyond, float("-inf"))
     p_max = int(prefix.max())
     kv_perm = torch.sort(s_k, dim=-1, descending=True, stable=True).indices[..., :p_max].clone()
@@ -101,8 +117,9 @@ def s2o_permutations(
     return q_perm, kv_perm
 
 
-def _pass1_state(q_seg, k, v, seg_start, local_window, scale):
-    """Dense causal attention of the queries of one segment over ``[seg_start - W, i]``.
+def _pass1_state(q_seg, k, v, seg_start, local_window, scale, causal=True):
+    """Dense attention of the queries of one segment over ``[seg_start - W, i]`` (causal) or
+    ``[seg_start - W, segment end)``.
 
     Args: q_seg ``[B, H, R, D]`` (segment rows in original order), k/v ``[B, H, L, D]`` repeated.
     Returns the online-softmax state ``(m [B,H,R], l [B,H,R], acc [B,H,R,D])`` in fp32.
@@ -113,7 +130,8 @@ def _pass1_state(q_seg, k, v, seg_start, local_window, scale):
     s = torch.einsum("bhrd,bhtd->bhrt", q_seg, ks) * scale
     row_pos = seg_start + torch.arange(rows, device=q_seg.device)
     key_pos = lo + torch.arange(ks.shape[2], device=q_seg.device)
-    s = s.masked_fill(key_pos[None, :] > row_pos[:, None], float("-inf"))
+    if causal:
+        s = s.masked_fill(key_pos[None, :] > row_pos[:, None], float("-inf"))
     m = s.amax(dim=-1)
     p = torch.exp(s - m[..., None])
     return m, p.sum(dim=-1), torch.einsum("bhrt,bhtd->bhrd", p, vs)
@@ -180,6 +198,7 @@ def s2o_reference(
     perms: tuple[torch.Tensor, torch.Tensor] | None = None,
     stop_tile: str = "keep",
     walk_budget: int | None = None,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention (Step 1 + Pass-1 + Pass-2) in plain PyTorch; inputs are assumed validated.
 
@@ -191,6 +210,8 @@ def s2o_reference(
             and ``local_window``; computed here when None.
         stop_tile: ``"keep"`` or ``"discard"`` the key tile that triggers the stop (see above).
         walk_budget: at most this many Pass-2 key tiles per query tile; ``None``: no cap.
+        causal: False: Pass-1 covers the whole own segment and Step 1 ranks every key outside
+            it (see the module docstring); ``perms`` must then be non-causal too.
     Returns:
         out ``[B, Hq, L, D]`` in q's dtype, and :class:`AttentionStats` whose ``extra`` holds
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` (key tiles visited per Pass-2 query tile, in
@@ -200,7 +221,7 @@ def s2o_reference(
     group = Hq // k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q_idx, kv_idx = (
-        perms if perms is not None else s2o_permutations(q, k, segment_len, local_window)
+        perms if perms is not None else s2o_permutations(q, k, segment_len, local_window, causal)
     )
     qf = q.float()
     kf = k.float().repeat_interleave(group, dim=1)
@@ -208,7 +229,7 @@ def s2o_reference(
     out = torch.empty(B, Hq, L, D, dtype=torch.float32, device=q.device)
     visited = []
     for n, (s, e) in enumerate(segment_ranges(L, segment_len)):
-        m, l, acc = _pass1_state(qf[:, :, s:e], kf, vf, s, local_window, scale)
+        m, l, acc = _pass1_state(qf[:, :, s:e], kf, vf, s, local_window, scale, causal)
         order = (
             q_idx[:, :, s:e] if q_perm else torch.arange(s, e, device=q.device).expand(B, Hq, -1)
         )
@@ -216,7 +237,7 @@ def s2o_reference(
         state = [torch.gather(x, 2, local) for x in (m, l)]
         state.append(torch.gather(acc, 2, local[..., None].expand(-1, -1, -1, D)))
         q_rows = torch.gather(qf, 2, order[..., None].expand(-1, -1, -1, D))
-        prefix = ranked_prefix_len(s, local_window)
+        prefix = s2o_ranked_len(L, s, segment_len, local_window, causal)
         if walk_budget is not None:
             prefix = min(prefix, walk_budget * block_n)
         ranked = kv_idx[:, :, n, :prefix]
@@ -225,5 +246,5 @@ def s2o_reference(
         o = state[2] / state[1][..., None]
         out.scatter_(2, order[..., None].expand(-1, -1, -1, D), o)
     pass2 = torch.cat(visited, dim=-1)
-    stats = s2o_stats(pass2, L, segment_len, local_window, block_m, block_n, walk_budget)
+    stats = s2o_stats(pass2, L, segment_len, local_window, block_m, block_n, walk_budget, causal)
     return out.to(q.dtype), stats

@@ -2,7 +2,8 @@
 
 Sparsity is always measured in query-key tiles against a dense *causal* tiled kernel that uses the
 same tile sizes (see :func:`dense_causal_tile_count`), so dense attention has sparsity 0 and the
-numbers of different methods are comparable.
+numbers of different methods are comparable. Non-causal attention counts against the dense
+non-causal kernel (:func:`dense_tile_count` with ``causal=False``: every tile).
 """
 
 from __future__ import annotations
@@ -31,16 +32,42 @@ def dense_causal_tile_count(seq_len: int, block_m: int, block_n: int) -> int:
     return total
 
 
-def s2o_pass1_tile_count(
-    seq_len: int, segment_len: int, local_window: int, block_m: int, block_n: int
+def dense_tile_count(seq_len: int, block_m: int, block_n: int, causal: bool = True) -> int:
+    """Tiles a dense tiled kernel computes for one (batch, head): :func:`dense_causal_tile_count`,
+    or every tile (``causal=False``)."""
+    if causal:
+        return dense_causal_tile_count(seq_len, block_m, block_n)
+    return _cdiv(seq_len, block_m) * _cdiv(seq_len, block_n)
+
+
+def s2o_ranked_len(
+    seq_len: int, segment_start: int, segment_len: int, local_window: int, causal: bool = True
 ) -> int:
-    """Tiles S2O's Pass-1 computes per head: local-window tiles + causal in-segment tiles."""
+    """Keys segment ``[segment_start, ...)`` ranks and walks in Pass-2 (``P_n``): the causal
+    prefix before the local window, or (non-causal) every key outside the window and the own
+    segment."""
+    lo = max(0, segment_start - local_window)
+    if causal:
+        return lo
+    return seq_len - (min(segment_start + segment_len, seq_len) - lo)
+
+
+def s2o_pass1_tile_count(
+    seq_len: int,
+    segment_len: int,
+    local_window: int,
+    block_m: int,
+    block_n: int,
+    causal: bool = True,
+) -> int:
+    """Tiles S2O's Pass-1 computes per head: local-window tiles + in-segment tiles (causal, or
+    the whole segment)."""
     total = 0
     for s in range(0, seq_len, segment_len):
         e = min(s + segment_len, seq_len)
         window = min(local_window, s)
         for a in range(s, e, block_m):
-            last_row = min(a + block_m, e) - 1
+            last_row = min(a + block_m, e) - 1 if causal else e - 1
             total += _cdiv(window, block_n) + _cdiv(last_row + 1 - s, block_n)
     return total
 
@@ -52,13 +79,14 @@ def s2o_pass2_tile_max(
     block_m: int,
     block_n: int,
     walk_budget: int | None = None,
+    causal: bool = True,
 ) -> list[int]:
     """Most key tiles each Pass-2 query tile can visit, ``ceil(P_n / block_n)`` capped at
     ``walk_budget``, for every query tile in segment order."""
     out = []
     for s in range(0, seq_len, segment_len):
         e = min(s + segment_len, seq_len)
-        tiles = _cdiv(max(0, s - local_window), block_n)
+        tiles = _cdiv(s2o_ranked_len(seq_len, s, segment_len, local_window, causal), block_n)
         tiles = tiles if walk_budget is None else min(tiles, walk_budget)
         out += [tiles] * _cdiv(e - s, block_m)
     return out
@@ -127,23 +155,25 @@ def s2o_stats(
     block_m: int,
     block_n: int,
     walk_budget: int | None,
+    causal: bool = True,
 ) -> AttentionStats:
     """S2O's :class:`AttentionStats` from the Pass-2 visits ``[B, Hq, n_query_tiles]`` (the
     reference and the kernels count the same way): Pass-1 tiles plus the visits, and in ``extra``
-    ``pass2_tiles``, ``pass2_tiles_max`` ``[n_query_tiles]`` and ``pass1_tiles``."""
+    ``pass2_tiles``, ``pass2_tiles_max`` ``[n_query_tiles]``, ``pass1_tiles`` and ``causal``."""
     geometry = (seq_len, segment_len, local_window, block_m, block_n)
-    pass1 = s2o_pass1_tile_count(*geometry)
+    pass1 = s2o_pass1_tile_count(*geometry, causal=causal)
     pass2 = pass2_tiles.long()
     return AttentionStats(
         tiles_processed=(pass2.sum(dim=-1) + pass1).double(),
-        tiles_dense=dense_causal_tile_count(seq_len, block_m, block_n),
+        tiles_dense=dense_tile_count(seq_len, block_m, block_n, causal),
         block_m=block_m,
         block_n=block_n,
         extra={
             "pass2_tiles": pass2,
             "pass2_tiles_max": torch.tensor(
-                s2o_pass2_tile_max(*geometry, walk_budget), dtype=torch.long
+                s2o_pass2_tile_max(*geometry, walk_budget, causal), dtype=torch.long
             ),
             "pass1_tiles": pass1,
+            "causal": bool(causal),
         },
     )

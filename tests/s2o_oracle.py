@@ -33,8 +33,9 @@ def structured_qkv(B, Hq, Hkv, L, D, *, seed=0, dtype=torch.float32, heavy=6, st
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def _orders(q, k, b, h, kvh, segs, local_window):
-    """Q_perm and KV_perm of one (batch, head) by sorting Python lists of float64 scores."""
+def _orders(q, k, b, h, kvh, segs, local_window, causal=True):
+    """Q_perm and KV_perm of one (batch, head) by sorting Python lists of float64 scores;
+    non-causal: every key outside the window and the own segment is ranked."""
     s0, e0 = segs[0]
     k_guide = k[b, kvh, s0:e0].double().mean(dim=0)
     q_orders, kv_orders = [], []
@@ -42,15 +43,16 @@ def _orders(q, k, b, h, kvh, segs, local_window):
         score_q = {i: float(q[b, h, i].double() @ k_guide) for i in range(s, e)}
         q_orders.append(sorted(range(s, e), key=lambda i: (-score_q[i], i)))
         q_mean = q[b, h, s:e].double().mean(dim=0)
-        prefix = max(0, s - local_window)
-        score_k = {t: float(k[b, kvh, t].double() @ q_mean) for t in range(prefix)}
-        kv_orders.append(sorted(range(prefix), key=lambda t: (-score_k[t], t)))
+        lo = max(0, s - local_window)
+        keys = range(lo) if causal else [t for t in range(k.shape[2]) if not lo <= t < e]
+        score_k = {t: float(k[b, kvh, t].double() @ q_mean) for t in keys}
+        kv_orders.append(sorted(keys, key=lambda t: (-score_k[t], t)))
     return q_orders, kv_orders
 
 
 def oracle_s2o(
     q, k, v, *, segment_len, tau, block_m, block_n, local_window=0, q_perm=True, stop_tile="keep",
-    walk_budget=None,
+    walk_budget=None, causal=True,
 ):  # fmt: skip
     """Returns ``(out float64 [B,Hq,L,D], visited {(b, h): [tiles per query tile]}, orders)``."""
     B, Hq, L, D = q.shape
@@ -64,7 +66,7 @@ def oracle_s2o(
             kvh = h // group
             logits = (q[b, h].double() @ k[b, kvh].double().T) * scale  # [L, L], tiny shapes only
             weights = torch.exp(logits - logits.max(dim=1, keepdim=True).values)
-            q_orders, kv_orders = _orders(q, k, b, h, kvh, segs, local_window)
+            q_orders, kv_orders = _orders(q, k, b, h, kvh, segs, local_window, causal)
             orders[(b, h)] = (q_orders, kv_orders)
             visited[(b, h)] = []
             for (s, e), q_order, kv_order in zip(segs, q_orders, kv_orders):
@@ -72,7 +74,7 @@ def oracle_s2o(
                 lo = max(0, s - local_window)
                 for a in range(0, e - s, block_m):
                     rows = rows_all[a : a + block_m]
-                    accepted = {r: list(range(lo, r + 1)) for r in rows}
+                    accepted = {r: list(range(lo, r + 1 if causal else e)) for r in rows}
                     count = 0
                     budget = len(kv_order) if walk_budget is None else walk_budget * block_n
                     for j in range(0, min(len(kv_order), budget), block_n):

@@ -12,7 +12,6 @@ import torch
 
 import s2o
 from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists, xattn_block_scores
-from s2o.kernels.tma import set_descriptor_loads
 from s2o.methods.blocksparse import BlockPlan, key_block_of_token
 from s2o.methods.xattn import antidiagonal_block_scores
 
@@ -65,18 +64,11 @@ def _check(out, q, k, v, plan):
     assert err <= 2 * yard + 1e-6, f"kernel rel err {err:.3e} > 2 x yardstick {yard:.3e}"
 
 
-@pytest.fixture
-def descriptor_loads(request):
-    set_descriptor_loads(request.param)
-    yield request.param
-    set_descriptor_loads(None)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("bs,D", [(128, 128), (64, 64), (128, 64)])
+@pytest.mark.parametrize("bs,D", [(128, 128), (64, 64), (128, 64), (128, 256), (64, 256)])
 # None: TMA descriptor loads of contiguous blocks where the GPU has them; False: pointer loads
-@pytest.mark.parametrize("descriptor_loads", [None, False], indirect=True)
-def test_block_sparse_kernel_gpu(bs, D, dtype, descriptor_loads):
+@pytest.mark.parametrize("descriptors", [None, False])
+def test_block_sparse_kernel_gpu(bs, D, dtype, descriptors):
     B, Hq, Hkv, L = 2, 8, 2, 1000
     q, k, v = _qkv(B, Hq, Hkv, L, D, seed=bs + D, dtype=dtype)
     nb = math.ceil(L / bs)
@@ -87,13 +79,34 @@ def test_block_sparse_kernel_gpu(bs, D, dtype, descriptor_loads):
     plan = BlockPlan(mask, bs)
     idx, cnt = mask_to_lists(mask)
     out = torch.full_like(q, float("nan"))
-    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=out)
+    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=out, descriptors=descriptors)
     _check(out, q, k, v, plan)
 
 
-@pytest.mark.parametrize("descriptor_loads", [None, False], indirect=True)
-def test_permuted_kernel_gpu(descriptor_loads):
-    B, Hq, Hkv, L, D, bs, seg = 1, 8, 2, 1100, 128, 128, 256
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_block_sparse_kernel_noncausal_gpu(D):
+    """Non-causal lists (blocks after the diagonal, the tail block past L) against the oracle
+    with the same token mask and no causal cut."""
+    B, Hq, Hkv, L, bs = 1, 8, 2, 1000, 128
+    q, k, v = _qkv(B, Hq, Hkv, L, D, seed=7)
+    nb = math.ceil(L / bs)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    mask = torch.rand(B, Hq, nb, nb, generator=g, device="cuda") < 0.4
+    mask[..., -1] = True
+    idx, cnt = mask_to_lists(mask)
+    out = torch.full_like(q, float("nan"))
+    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=out, causal=False)
+    tok = torch.arange(L, device="cuda")
+    vis = mask[:, :, tok // bs][..., tok // bs]
+    exact = _oracle(q, k, v, vis)
+    yard = _rel(_oracle(q, k, v, vis, round_to=q.dtype).to(q.dtype), exact)
+    err = _rel(out, exact)
+    assert not out.isnan().any() and err <= 2 * yard + 1e-6, f"{err:.3e} vs {yard:.3e}"
+
+
+@pytest.mark.parametrize("D", [128, 256])
+def test_permuted_kernel_gpu(D):
+    B, Hq, Hkv, L, bs, seg = 1, 8, 2, 1100, 128, 256
     q, k, v = _qkv(B, Hq, Hkv, L, D, seed=3)
     nb = math.ceil(L / bs)
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -115,20 +128,21 @@ def test_permuted_kernel_gpu(descriptor_loads):
     _check(out, q, k, v, plan)
 
 
-@pytest.mark.parametrize("stride", [16, 8])
-def test_xattn_scores_kernel_gpu(stride):
-    q, k, _ = _qkv(1, 8, 2, 3000, 128, seed=4)
-    ref = antidiagonal_block_scores(q, k, block_size=128, stride=stride, scale=128**-0.5, norm=1.0)
-    out = xattn_block_scores(q, k, block_size=128, stride=stride, scale=128**-0.5)
+@pytest.mark.parametrize("stride,D", [(16, 128), (8, 128), (8, 64), (8, 256)])
+def test_xattn_scores_kernel_gpu(stride, D):
+    q, k, _ = _qkv(1, 8, 2, 3000, D, seed=4)
+    ref = antidiagonal_block_scores(q, k, block_size=128, stride=stride, scale=D**-0.5, norm=1.0)
+    out = xattn_block_scores(q, k, block_size=128, stride=stride, scale=D**-0.5)
     err = float((out - ref).abs().max())  # block sums are O(1) .. O(block/stride)
     assert err < 1e-3, f"block scores differ by {err:.3e}"
 
 
 @pytest.mark.parametrize("method", ["flexprefill", "xattn", "pbs"])
-def test_methods_gpu_triton_vs_reference(method):
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_methods_gpu_triton_vs_reference(method, D):
     """Defaults, L=4000: the Triton path equals the reference path run on the same plan."""
     m = s2o.METHODS[method]
-    q, k, v = _qkv(1, 8, 2, 4000, 128, seed=5)
+    q, k, v = _qkv(1, 8, 2, 4000, D, seed=5)
     knobs = {**m.defaults, "impl": "triton"}
     plan = m.estimate(q, k, v, **knobs)
     out, stats = m.attend(q, k, v, plan, **knobs)

@@ -15,13 +15,13 @@ from s2o.kernels.block_sparse import (
     mask_to_lists,
     xattn_block_scores,
 )
-from s2o.kernels.tma import set_descriptor_loads
+from s2o.kernels.launch import Launch
 from s2o.methods.xattn import antidiagonal_block_scores
 
 pytestmark = pytest.mark.interpreter
 
 
-def _token_mask(L, bs, mask, perm=None, seg=None):
+def _token_mask(L, bs, mask, perm=None, seg=None, causal=True):
     """``[B, H, L, L]`` bool: (query i, key token j) visible, built with plain loops."""
     B, H, nb, _ = mask.shape
     out = torch.zeros(B, H, L, L, dtype=torch.bool)
@@ -33,8 +33,8 @@ def _token_mask(L, bs, mask, perm=None, seg=None):
                     pos[t] = p
             for i in range(L):
                 r = i // bs
-                for j in range(i + 1):
-                    own = seg is not None and j >= (i // seg) * seg
+                for j in range(i + 1 if causal else L):
+                    own = seg is not None and (i // seg) * seg <= j < (i // seg + 1) * seg
                     out[b, h, i, j] = own or bool(mask[b, h, r, pos[j] // bs])
     return out
 
@@ -65,33 +65,50 @@ def _check(out, q, k, v, tmask):
     assert err <= 2 * yard + 1e-6, f"kernel rel err {err:.3e} > 2 x yardstick {yard:.3e}"
 
 
-def _random_mask(B, H, nb, density, gen, diag=True):
-    m = (torch.rand(B, H, nb, nb, generator=gen) < density) & torch.ones(
-        nb, nb, dtype=torch.bool
-    ).tril()
+def _random_mask(B, H, nb, density, gen, diag=True, causal=True):
+    m = torch.rand(B, H, nb, nb, generator=gen) < density
+    if causal:
+        m &= torch.ones(nb, nb, dtype=torch.bool).tril()
     if diag:
         m |= torch.eye(nb, dtype=torch.bool)
     return m
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_block_sparse_kernel_matches_masked_dense(dtype, gen):
-    B, Hq, Hkv, L, D, bs = 2, 4, 2, 77, 32, 16
+SHAPES = [  # D, bs, sub_n (key rows per product inside a block), dtype
+    (32, 16, None, torch.float16),
+    (32, 16, None, torch.float32),
+    (64, 32, 16, torch.float16),
+    (256, 16, None, torch.float16),
+    (256, 32, 16, torch.float32),
+]
+
+
+def _shape_id(c):
+    return f"D{c[0]}-bs{c[1]}-sub{c[2]}-{str(c[3])[6:]}"
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("D,bs,sub_n,dtype", SHAPES, ids=[_shape_id(c) for c in SHAPES])
+def test_block_sparse_kernel_matches_masked_dense(D, bs, sub_n, dtype, causal, gen, **kw):
+    B, Hq, Hkv, L = 2, 4, 2, 77 if bs == 16 else 83
     q, k, v = (torch.randn(B, h, L, D, generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
     nb = math.ceil(L / bs)
-    mask = _random_mask(B, Hq, nb, 0.4, gen)
-    mask[0, 1, 3, 3] = False  # a query block without its diagonal (rows see earlier blocks only)
+    mask = _random_mask(B, Hq, nb, 0.4, gen, causal=causal)
+    mask[0, 1, 1, 1] = False  # a query block without its diagonal
     mask[1, 0, 2] = False  # a query block with nothing selected: output 0
+    mask[0, 0, 0, nb - 1] = not causal  # non-causal: a row that sees the tail block past L
     idx, cnt = mask_to_lists(mask)
     out = torch.full_like(q, float("nan"))
-    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=out)
-    _check(out, q, k, v, _token_mask(L, bs, mask))
+    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=out, causal=causal,
+                           launch=Launch(sub_n=sub_n), **kw)  # fmt: skip
+    _check(out, q, k, v, _token_mask(L, bs, mask, causal=causal))
     assert bool((out[1, 0, 2 * bs : 3 * bs] == 0).all())
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_permuted_kernel_matches_masked_dense(dtype, gen):
-    B, Hq, Hkv, L, D, bs, seg = 1, 4, 1, 77, 16, 16, 32
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("D,bs,sub_n,dtype", SHAPES, ids=[_shape_id(c) for c in SHAPES])
+def test_permuted_kernel_matches_masked_dense(D, bs, sub_n, dtype, causal, gen):
+    B, Hq, Hkv, L, seg = 1, 4, 1, 77 if bs == 16 else 83, 2 * bs
     q, k, v = (torch.randn(B, h, L, D, generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
     nb = math.ceil(L / bs)
     perm = torch.arange(L).repeat(B, Hq, 1)
@@ -99,25 +116,36 @@ def test_permuted_kernel_matches_masked_dense(dtype, gen):
         for h in range(Hq):
             perm[0, h, n * seg : (n + 1) * seg] = n * seg + torch.randperm(seg, generator=gen)
     r = torch.arange(nb)
-    before_own = r[None, :] < (r[:, None] // (seg // bs)) * (seg // bs)
-    mask = _random_mask(B, Hq, nb, 0.5, gen, diag=False) & before_own
+    own = r[:, None] // (seg // bs)
+    if causal:
+        allowed = r[None, :] < own * (seg // bs)
+    else:  # permuted blocks outside the own segment (the tail block's slots past L included)
+        allowed = (r[None, :] // (seg // bs)) != own
+    mask = _random_mask(B, Hq, nb, 0.5, gen, diag=False, causal=causal) & allowed
     idx, cnt = mask_to_lists(mask)
     out = torch.full_like(q, float("nan"))
     block_sparse_attention(
-        q, k, v, idx, cnt, block_size=bs, key_perm=perm.int(), segment_size=seg, out=out
-    )
-    _check(out, q, k, v, _token_mask(L, bs, mask, perm, seg))
+        q, k, v, idx, cnt, block_size=bs, key_perm=perm.int(), segment_size=seg, out=out,
+        causal=causal, launch=Launch(sub_n=sub_n),
+    )  # fmt: skip
+    _check(out, q, k, v, _token_mask(L, bs, mask, perm, seg, causal=causal))
 
 
-def test_kernel_with_descriptor_loads(gen):
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_kernel_with_descriptor_loads(causal, gen):
     """The key blocks through TMA tensor descriptors (the Hopper path, off on the CPU by default):
     the listed blocks and the band, with a tail block past L. (The permuted PBS kernel never uses
     them: its blocks are gathered through the permutation.)"""
-    set_descriptor_loads(True)
-    try:
-        test_block_sparse_kernel_matches_masked_dense(torch.float16, gen)
-    finally:
-        set_descriptor_loads(None)
+    test_block_sparse_kernel_matches_masked_dense(
+        64, 32, 16, torch.float16, causal, gen, descriptors=True
+    )
+
+
+def test_block_sparse_refuses_other_head_dims(gen):
+    q = torch.randn(1, 2, 40, 80, generator=gen).half()
+    idx, cnt = mask_to_lists(torch.ones(1, 2, 3, 3, dtype=torch.bool).tril())
+    with pytest.raises(ValueError, match="got 80"):
+        block_sparse_attention(q, q, q, idx, cnt, block_size=16)
 
 
 def test_mask_to_lists_roundtrip(gen):
@@ -127,10 +155,10 @@ def test_mask_to_lists_roundtrip(gen):
         assert idx[b, h, r, : cnt[b, h, r]].tolist() == mask[b, h, r].nonzero().flatten().tolist()
 
 
-@pytest.mark.parametrize("L,bs,stride", [(77, 16, 4), (64, 32, 8)])
-def test_xattn_scores_kernel_matches_reference(L, bs, stride, gen):
-    q = torch.randn(1, 4, L, 16, generator=gen)
-    k = torch.randn(1, 2, L, 16, generator=gen)
+@pytest.mark.parametrize("L,bs,stride,D", [(77, 16, 4, 16), (64, 32, 8, 16), (77, 16, 4, 256)])
+def test_xattn_scores_kernel_matches_reference(L, bs, stride, D, gen):
+    q = torch.randn(1, 4, L, D, generator=gen)
+    k = torch.randn(1, 2, L, D, generator=gen)
     k[:, :, 3] += 2 * q.mean((1, 2))[:, None]
     ref = antidiagonal_block_scores(q, k, block_size=bs, stride=stride, scale=0.25, norm=1.0)
     out = xattn_block_scores(q, k, block_size=bs, stride=stride, scale=0.25, norm=1.0)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from s2o.kernels import s2o_step1, s2o_triton, set_descriptor_loads
+from s2o.kernels import s2o_step1, s2o_triton
 from s2o.reference import s2o_permutations, s2o_reference
 
 pytestmark = pytest.mark.gpu
@@ -26,13 +26,13 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def _sdpa(q, k, v, backend):
+def _sdpa(q, k, v, backend, causal=True):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     group = q.shape[1] // k.shape[1]
     kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     with sdpa_kernel(getattr(SDPBackend, backend)):
-        return torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=True)
+        return torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=causal)
 
 
 def test_step1_gpu_equals_reference_on_exact_data():
@@ -83,25 +83,19 @@ def test_step1_gpu_cub_equals_torch_sort(L, S, W):
     assert diff.numel() == 0, f"{len(diff)} positions differ, first {diff[:5].tolist()}"
 
 
-@pytest.fixture
-def descriptor_loads(request):
-    set_descriptor_loads(request.param)
-    yield request.param
-    set_descriptor_loads(None)
-
-
 @pytest.mark.parametrize("variant,q_perm", [("two_pass", True), ("fused", False)])
 @pytest.mark.parametrize("L,W", [(3000, 0), (8192, 256)])
 # None: TMA descriptor loads of the dense tiles where the GPU has them; False: pointer loads
-@pytest.mark.parametrize("descriptor_loads", [None, False], indirect=True)
-def test_gpu_matches_reference(variant, q_perm, L, W, descriptor_loads):
+@pytest.mark.parametrize("descriptors", [None, False])
+def test_gpu_matches_reference(variant, q_perm, L, W, descriptors, D=128, causal=True):
     """bf16 kernel vs the fp32 reference on the same GPU: same decisions, output within 2x the
     error of bf16 SDPA (flash) against the fp32 reference at tau <= 0."""
-    q, k, v = _qkv(1, 4, 2, L, 128, seed=2, peak=1.5)
-    knobs = dict(segment_len=1024, block_m=128, block_n=128, local_window=W, q_perm=q_perm)
-    perms = s2o_permutations(q, k, 1024, W)
+    q, k, v = _qkv(1, 4, 2, L, D, seed=2, peak=1.5)
+    knobs = dict(segment_len=1024, block_m=128, block_n=128, local_window=W, q_perm=q_perm,
+                 causal=causal)  # fmt: skip
+    perms = s2o_permutations(q, k, 1024, W, causal)
     dense_ref, _ = s2o_reference(q, k, v, tau=0.0, perms=perms, **knobs)
-    tol = 2 * _rel(_sdpa(q, k, v, "FLASH_ATTENTION"), dense_ref) + 1e-4
+    tol = 2 * _rel(_sdpa(q, k, v, "FLASH_ATTENTION", causal), dense_ref) + 1e-4
     decided = 0
     for tau in (0.0, 0.01, 0.05, 0.2):
         ref, rst = s2o_reference(q, k, v, tau=tau, perms=perms, **knobs)
@@ -117,7 +111,7 @@ def test_gpu_matches_reference(variant, q_perm, L, W, descriptor_loads):
             kw = dict(tau=tau, perms=perms, stop_tile=stop_tile, **knobs)
             ref, rst = s2o_reference(q, k, v, **kw)
             out = torch.full_like(q, float("nan"))
-            out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
+            out, st = s2o_triton(q, k, v, variant=variant, out=out, descriptors=descriptors, **kw)
             assert not out.isnan().any(), f"tau={tau}: unwritten outputs"
             err = _rel(out, ref)
             assert err <= tol, f"tau={tau} {stop_tile}: rel err {err:.3e} > {tol:.3e}"
@@ -126,22 +120,35 @@ def test_gpu_matches_reference(variant, q_perm, L, W, descriptor_loads):
     assert decided > 0, "no unambiguous tau: the early-stop path was not compared"
 
 
-@pytest.mark.parametrize("L", [8192, 32768, 131072])
-def test_gpu_tau0_equals_sdpa(L):
-    """No early stop at long L: S2O equals dense causal attention (fp32 reference: SDPA's
+@pytest.mark.parametrize("D", [64, 256])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("variant,q_perm", [("two_pass", True), ("fused", False)])
+def test_gpu_matches_reference_head_dims(D, causal, variant, q_perm):
+    """Head sizes 64 and 256 (its default 64-key sub-tiles), causal and not, at L=3000 with a
+    local window: the same decisions and outputs as the fp32 reference."""
+    test_gpu_matches_reference(variant, q_perm, 3000, 256, None, D=D, causal=causal)
+
+
+@pytest.mark.parametrize(
+    "L,D,causal",
+    [(8192, 128, True), (32768, 128, True), (131072, 128, True), (32768, 64, True),
+     (32768, 256, True), (8192, 64, False), (8192, 256, False), (16384, 128, False)],
+)  # fmt: skip
+def test_gpu_tau0_equals_sdpa(L, D, causal):
+    """No early stop at long L: S2O equals dense attention (fp32 reference: SDPA's
     memory-efficient kernel on fp32 inputs); tolerance 2x the error of bf16 SDPA flash."""
     Hq, Hkv = 8, 2
-    q, k, v = _qkv(1, Hq, Hkv, L, 128, seed=3)
-    ref = _sdpa(q.float(), k.float(), v.float(), "EFFICIENT_ATTENTION")
-    tol = 2 * _rel(_sdpa(q, k, v, "FLASH_ATTENTION"), ref) + 1e-4
+    q, k, v = _qkv(1, Hq, Hkv, L, D, seed=3)
+    ref = _sdpa(q.float(), k.float(), v.float(), "EFFICIENT_ATTENTION", causal)
+    tol = 2 * _rel(_sdpa(q, k, v, "FLASH_ATTENTION", causal), ref) + 1e-4
     for variant, qperm in (("two_pass", True), ("fused", False)):
         out = torch.full_like(q, float("nan"))
         out, st = s2o_triton(
             q, k, v, variant=variant, segment_len=2048, tau=0.0, block_m=128, block_n=128,
-            local_window=0, q_perm=qperm, out=out,
+            local_window=0, q_perm=qperm, out=out, causal=causal,
         )  # fmt: skip
         assert not out.isnan().any(), f"{variant}: {int(out.isnan().sum())} unwritten outputs"
         err = _rel(out, ref)
-        assert err <= tol, f"L={L} {variant}: rel err {err:.3e} > {tol:.3e}"
+        assert err <= tol, f"L={L} D={D} {variant}: rel err {err:.3e} > {tol:.3e}"
         assert st.sparsity == 0.0
         assert math.isclose(st.density, 1.0)

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from s2o.kernels import s2o_step1, s2o_triton, set_descriptor_loads, set_stop_chunk
+from s2o.kernels import Launch, s2o_step1, s2o_triton
 from s2o.reference import s2o_permutations, s2o_reference
 
 pytestmark = pytest.mark.interpreter
@@ -34,14 +34,15 @@ def _qkv(B, Hq, Hkv, L, D, dtype, gen, peak=1.0):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def _yardstick(q, k, v):
-    """Relative error of causal attention whose probabilities and outputs are rounded to q's dtype
+def _yardstick(q, k, v, causal=True):
+    """Relative error of attention whose probabilities and outputs are rounded to q's dtype
     (what the kernel does), against exact fp64 attention."""
     group = q.shape[1] // k.shape[1]
     qd, kd, vd = q.double(), k.double().repeat_interleave(group, 1), v.double()
     vd = vd.repeat_interleave(group, 1)
     s = qd @ kd.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
     p = torch.exp(s - s.amax(-1, keepdim=True))
     exact = (p @ vd) / p.sum(-1, keepdim=True)
     rounded = ((p.to(q.dtype).double() @ vd) / p.sum(-1, keepdim=True)).to(q.dtype)
@@ -141,13 +142,8 @@ def test_step1_fused_key_scores_equal_reference(B, Hq, Hkv, L, D, S, W, mode, ge
     """The key-score kernel (the default for bf16 K on CUDA) with fp32 operands on the CPU: its
     rectangle (torch.sort modes) and its packed keys (cub) give the reference's indices; 64 query
     heads on one key head put 64 x (segments per group) rows into several row blocks."""
-    step1 = importlib.import_module("s2o.kernels.s2o_step1")
     q, k = _exact((B, Hq, L, D), gen), _exact((B, Hkv, L, D), gen)
-    step1._FUSED_SCORES[0] = True
-    try:
-        qp, kvp = s2o_step1(q, k, segment_len=S, local_window=W, sort_mode=mode)
-    finally:
-        step1._FUSED_SCORES[0] = None
+    qp, kvp = s2o_step1(q, k, segment_len=S, local_window=W, sort_mode=mode, fused_scores=True)
     rqp, rkvp = s2o_permutations(q, k, S, W)
     assert torch.equal(qp, rqp)
     assert torch.equal(kvp, rkvp), f"kv_perm differs at {(kvp != rkvp).nonzero()[:5].tolist()}"
@@ -224,11 +220,19 @@ CASES = [
 
 @pytest.mark.parametrize("dtype,variant,q_perm,B,Hq,Hkv,L,D,W", CASES)
 def test_kernels_match_reference(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, gen):
+    _check_kernels(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, gen)
+
+
+def _check_kernels(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, gen, seg=SEG, block=BLOCK,
+                   causal=True, **kernel_kw):  # fmt: skip
+    """The kernels (``kernel_kw``: launch settings) against the reference at tau = 0 and at a
+    tau that skips, under both stop-tile rules: decisions, statistics and outputs."""
     q, k, v = _qkv(B, Hq, Hkv, L, D, dtype, gen, peak=1.5)
-    knobs = dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, local_window=W, q_perm=q_perm)
-    perms = s2o_permutations(q, k, SEG, W)
-    tol = 2 * _yardstick(q, k, v) + 1e-5
-    has_prefix = L > SEG + W
+    knobs = dict(segment_len=seg, block_m=block, block_n=block, local_window=W, q_perm=q_perm,
+                 causal=causal)  # fmt: skip
+    perms = s2o_permutations(q, k, seg, W, causal)
+    tol = 2 * _yardstick(q, k, v, causal) + 1e-5
+    has_prefix = L > seg + W if causal else L > seg
     tau_skip = _unambiguous_tau(q, k, v, perms, knobs) if has_prefix else 0.5
     runs = [(0.0, "keep"), (tau_skip, "keep"), (tau_skip, "discard")]
     outs = {}
@@ -236,7 +240,7 @@ def test_kernels_match_reference(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, ge
         kw = dict(tau=tau, perms=perms, stop_tile=stop_tile, **knobs)
         ref, rst = s2o_reference(q, k, v, **kw)
         out = torch.full_like(q, float("nan"))
-        out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
+        out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw, **kernel_kw)
         outs[stop_tile] = (out, ref)
         assert not out.isnan().any(), f"tau={tau}: {int(out.isnan().sum())} outputs unwritten"
         err = _rel(out, ref)
@@ -263,16 +267,61 @@ def test_kernels_match_reference(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, ge
 def test_kernels_match_reference_descriptor_loads(case, gen):
     """The dense tiles of Pass-1 and of the fused kernel through TMA tensor descriptors (the
     Hopper path; off by default on the CPU): rows past L, the local window, GQA."""
-    set_descriptor_loads(True)
-    try:
-        test_kernels_match_reference(*case, gen)
-    finally:
-        set_descriptor_loads(None)
+    _check_kernels(*case, gen, descriptors=True)
 
 
-def test_set_descriptor_loads_rejects_a_bad_value():
+def test_descriptors_reject_a_bad_value(gen):
+    q, k, v = _qkv(1, 2, 1, 40, 16, torch.float16, gen)
     with pytest.raises(ValueError, match="'yes'"):
-        set_descriptor_loads("yes")
+        s2o_triton(q, k, v, segment_len=SEG, tau=0.0, block_m=BLOCK, block_n=BLOCK,
+                   descriptors="yes")  # fmt: skip
+
+
+HEAD_DIM_CASES = [
+    # dtype, variant, q_perm, B, Hq, Hkv, L, D, W, seg, block, sub_n
+    (torch.float16, "two_pass", True, 1, 2, 1, 100, 64, 0, SEG, BLOCK, None),
+    (torch.float32, "fused", False, 1, 2, 2, 90, 64, 16, SEG, BLOCK, None),
+    (torch.float16, "two_pass", True, 1, 2, 1, 100, 256, 0, SEG, BLOCK, None),
+    (torch.float16, "fused", False, 1, 2, 1, 90, 256, 16, SEG, BLOCK, None),
+    # 32-key tiles computed in 16-key parts (head_dim 256's sub-tiles on the GPU)
+    (torch.float16, "two_pass", True, 1, 2, 1, 150, 256, 0, 64, 32, 16),
+    (torch.float32, "fused", False, 1, 2, 1, 140, 64, 32, 64, 32, 16),
+]
+
+
+@pytest.mark.parametrize("case", HEAD_DIM_CASES, ids=lambda c: f"{c[1]}-D{c[7]}-sub{c[11]}")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_kernels_match_reference_head_dims(case, causal, gen):
+    """Head sizes 64 and 256 (the defaults, and key tiles split into sub-tiles for both stop
+    rules), causal and not: the same decisions, statistics and outputs as the reference."""
+    *shape, seg, block, sub_n = case
+    launch = {name: Launch(sub_n=sub_n) for name in ("pass1", "pass2", "fused")}
+    _check_kernels(*shape, gen, seg=seg, block=block, causal=causal, launch=launch)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4], CASES[6]],
+                         ids=["2pass", "2pass-noperm", "fused-W", "fp32"])  # fmt: skip
+def test_kernels_match_reference_noncausal(case, gen):
+    _check_kernels(*case, gen, causal=False)
+
+
+@pytest.mark.parametrize("D", [24, 96, 512])
+def test_kernels_refuse_other_head_dims(D, gen):
+    """A head size the kernels do not take is refused before any work, naming it."""
+    q, k, v = _qkv(1, 2, 1, 40, D, torch.float16, gen)
+    with pytest.raises(ValueError, match=f"got {D}"):
+        s2o_triton(q, k, v, segment_len=SEG, tau=0.0, block_m=BLOCK, block_n=BLOCK)
+
+
+def test_launch_settings_are_checked(gen):
+    q, k, v = _qkv(1, 2, 1, 40, 16, torch.float16, gen)
+    kw = dict(segment_len=SEG, tau=0.0, block_m=BLOCK, block_n=BLOCK)
+    with pytest.raises(ValueError, match="sub_n=24"):
+        s2o_triton(q, k, v, launch={"pass2": Launch(sub_n=24)}, **kw)
+    with pytest.raises(ValueError, match="'pass3'"):
+        s2o_triton(q, k, v, launch={"pass3": Launch()}, **kw)
+    with pytest.raises(ValueError, match="stop_chunk"):
+        s2o_triton(q, k, v, stop_chunk=(0, 1), **kw)
 
 
 def test_tau_zero_equals_dense_attention(gen):
@@ -301,22 +350,18 @@ def test_stop_chunk_boundaries(chunk, grow, gen):
     perms = s2o_permutations(q, k, SEG, 0)
     tau = _unambiguous_tau(q, k, v, perms, knobs)
     tol = 2 * _yardstick(q, k, v) + 1e-5
-    set_stop_chunk(chunk, grow)
-    try:
-        for variant, qp in (("two_pass", True), ("fused", False)):
-            for stop_tile in ("keep", "discard"):
-                kw = dict(knobs, q_perm=qp, tau=tau, perms=perms, stop_tile=stop_tile)
-                ref, rst = s2o_reference(q, k, v, **kw)
-                out = torch.full_like(q, float("nan"))
-                kw["perms"] = (perms[0], perms[1].int())  # the kernels take int32 kv_perm too
-                out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
-                got, want = st.extra["pass2_tiles"], rst.extra["pass2_tiles"]
-                assert torch.equal(got, want), f"{variant} {stop_tile}:\n{got}\nvs\n{want}"
-                assert bool((want > 1).any() & (want < want.max()).any()), "no long/stopped walks"
-                err = _rel(out, ref)
-                assert err <= tol, f"{variant} {stop_tile}: rel err {err:.3e} > {tol:.3e}"
-    finally:
-        set_stop_chunk(None)
+    for variant, qp in (("two_pass", True), ("fused", False)):
+        for stop_tile in ("keep", "discard"):
+            kw = dict(knobs, q_perm=qp, tau=tau, perms=perms, stop_tile=stop_tile)
+            ref, rst = s2o_reference(q, k, v, **kw)
+            out = torch.full_like(q, float("nan"))
+            kw["perms"] = (perms[0], perms[1].int())  # the kernels take int32 kv_perm too
+            out, st = s2o_triton(q, k, v, variant=variant, out=out, stop_chunk=(chunk, grow), **kw)
+            got, want = st.extra["pass2_tiles"], rst.extra["pass2_tiles"]
+            assert torch.equal(got, want), f"{variant} {stop_tile}:\n{got}\nvs\n{want}"
+            assert bool((want > 1).any() & (want < want.max()).any()), "no long/stopped walks"
+            err = _rel(out, ref)
+            assert err <= tol, f"{variant} {stop_tile}: rel err {err:.3e} > {tol:.3e}"
 
 
 @pytest.mark.parametrize("variant,q_perm", [("two_pass", True), ("fused", False)])
@@ -353,12 +398,8 @@ def test_s2o_method_step1_sort_knob(gen):
 
 def test_step1_options_are_validated(gen):
     """A bad sort mode or index dtype is named, also when L < S (no ranking to do)."""
-    from s2o.kernels import set_step1_config
-
     q, k = _exact((1, 2, 20, 16), gen), _exact((1, 1, 20, 16), gen)
     with pytest.raises(ValueError, match="'bitonic'"):
         s2o_step1(q, k, segment_len=32, sort_mode="bitonic")
     with pytest.raises(ValueError, match="torch.int16"):
         s2o_step1(q, k, segment_len=32, index_dtype=torch.int16)
-    with pytest.raises(ValueError, match="'bitonic'"):
-        set_step1_config(sort_mode="bitonic")

@@ -57,17 +57,17 @@ ORACLE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("stop_tile", ["keep", "discard"])
 @pytest.mark.parametrize("case", ORACLE_CASES)
-def test_reference_matches_oracle(case, stop_tile):
+def test_reference_matches_oracle(case, stop_tile, causal):
     B, Hq, Hkv, L, D, S, bm, bn, W, tau, qp = case
     q, k, v = structured_qkv(B, Hq, Hkv, L, D, seed=L + D)
-    knobs = dict(
-        segment_len=S, tau=tau, block_m=bm, block_n=bn, local_window=W, stop_tile=stop_tile
-    )
+    knobs = dict(segment_len=S, tau=tau, block_m=bm, block_n=bn, local_window=W,
+                 stop_tile=stop_tile, causal=causal)  # fmt: skip
     out, stats = run_ref(q, k, v, q_perm=qp, **knobs)
     want, visited, orders = oracle_s2o(q, k, v, q_perm=qp, **knobs)
-    q_idx, kv_idx = s2o_permutations(q, k, S, W)
+    q_idx, kv_idx = s2o_permutations(q, k, S, W, causal)
     assert stats.extra["pass2_tiles"].numel() > 0
     for (b, h), (q_orders, kv_orders) in orders.items():
         assert q_idx[b, h].tolist() == [i for seg in q_orders for i in seg], (b, h)
@@ -276,3 +276,33 @@ def test_walk_budget_zero_is_local_window_only_with_exact_counts():
         for c in range(0, L, bn)
     )
     assert stats.tiles_processed[0, 0].item() == want_tiles
+
+
+@pytest.mark.parametrize("case", SDPA_CASES[:3])
+def test_noncausal_tau_nonpositive_is_dense(case):
+    """Non-causal, tau <= 0: exact dense attention over every key; counts against the dense
+    non-causal tiles (sparsity 0)."""
+    B, Hq, Hkv, L, D, S, bm, bn, W = case
+    q, k, v = structured_qkv(B, Hq, Hkv, L, D, seed=5)
+    out, stats = run_ref(q, k, v, segment_len=S, tau=0.0, block_m=bm, block_n=bn,
+                         local_window=W, causal=False)  # fmt: skip
+    group = Hq // Hkv
+    kr, vr = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kr, vr)
+    same = torch.nn.functional.scaled_dot_product_attention(q, kr.float(), vr.float())
+    err = (out.double() - want).abs().max().item()
+    tol = 2 * (same.double() - want).abs().max().item() + 1e-6
+    assert err <= tol, f"non-causal reference vs dense: {err:.3e} > {tol:.3e}"
+    assert stats.sparsity == 0.0 and stats.tiles_dense == -(-L // bm) * -(-L // bn)
+
+
+def test_noncausal_permutations_rank_every_key_outside_the_segment():
+    q, k, _ = structured_qkv(1, 2, 1, 70, 8, seed=3)
+    S, W = 16, 8
+    _, kv = s2o_permutations(q, k, S, W, causal=False)
+    for n, s in enumerate(range(0, 70, S)):
+        lo, e = max(0, s - W), min(s + S, 70)
+        want = sorted(set(range(70)) - set(range(lo, e)))
+        row = kv[0, 1, n]
+        assert sorted(row[: len(want)].tolist()) == want
+        assert bool((row[len(want) :] == -1).all())

@@ -10,19 +10,13 @@ from __future__ import annotations
 import torch
 
 from ..stats import AttentionStats, s2o_stats
-from .s2o_attention import (
-    s2o_fused,
-    s2o_pass1,
-    s2o_pass2,
-    set_launch_config,
-    set_stop_chunk,
-)
-from .s2o_step1 import s2o_step1, set_step1_config
-from .tma import set_descriptor_loads
+from .launch import HEAD_DIMS, Launch, check_head_dim
+from .s2o_attention import STOP_CHUNK, s2o_fused, s2o_pass1, s2o_pass2
+from .s2o_step1 import s2o_step1
 
 __all__ = [
-    "s2o_step1", "set_step1_config", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused",
-    "set_launch_config", "set_stop_chunk", "set_descriptor_loads",
+    "s2o_step1", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused", "Launch", "HEAD_DIMS",
+    "STOP_CHUNK", "check_head_dim",
 ]  # fmt: skip
 
 
@@ -43,41 +37,64 @@ def s2o_triton(
     stop_tile: str = "keep",
     out: torch.Tensor | None = None,
     walk_budget: int | None = None,
+    causal: bool = True,
+    step1_sort: str | None = None,
+    launch: dict[str, Launch] | None = None,
+    stop_chunk: tuple[int, int] | None = None,
+    descriptors: bool | None = None,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention with the Triton kernels; inputs are assumed validated (see ``s2o.api``).
 
     Args:
-        q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]`` (fp16/bf16; fp32 for the interpreter).
+        q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]`` (fp16/bf16; fp32 for the interpreter);
+            ``D`` in :data:`HEAD_DIMS` (another head size is refused before any work).
         variant: ``"two_pass"`` (Pass-1 buffers, then Pass-2) or ``"fused"`` (single pass,
             original query order; ``q_perm`` must be False).
         q_perm: walk queries in ``Q_perm`` order (two_pass only).
         perms: ``(q_perm [B, Hq, L], kv_perm [B, Hq, N, P_max])`` from :func:`s2o_step1` or the
-            reference (int64 or int32).
+            reference (int64 or int32), made with the same ``causal``.
         stop_tile: ``"keep"`` (the paper's kernel, deferred check) or ``"discard"`` the key tile
             that triggers the stop; the decisions and visits are the same.
         out: optional contiguous ``[B, Hq, L, D]`` output buffer (tests pass a NaN-filled one).
         walk_budget: at most this many Pass-2 key tiles per query tile (``None``: no cap).
+        causal: False: each query sees its whole segment and Step 1 ranks every key outside it.
+        step1_sort: Step 1's ``sort_mode`` when ``perms`` is None (default ``"chunks"``).
+        launch: per kernel (``"pass1"``, ``"pass2"``, ``"fused"``) a
+            :class:`~s2o.kernels.launch.Launch`; missing kernels and fields take the defaults for
+            the head size and GPU. The tiles counted (``block_m x block_n``) never change.
+        stop_chunk: ``(first chunk, growth)`` of the early-stop walk (default :data:`STOP_CHUNK`).
+        descriptors: TMA loads of contiguous K/V tiles (None: automatic).
     Returns:
         ``out`` ``[B, Hq, L, D]`` and :class:`AttentionStats` with the reference's ``extra``:
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` int64, ``pass2_tiles_max``, ``pass1_tiles``.
     """
     L = q.shape[2]
-    geo = dict(segment_len=segment_len, local_window=local_window, block_m=block_m, block_n=block_n)
+    check_head_dim(q.shape[-1])
+    launch = launch or {}
+    unknown = set(launch) - {"pass1", "pass2", "fused"}
+    if unknown:
+        raise ValueError(f"launch settings for unknown kernels {sorted(unknown)}")
+    geo = dict(segment_len=segment_len, local_window=local_window, block_m=block_m, block_n=block_n,
+               causal=causal)  # fmt: skip
     if perms is None:
-        perms = s2o_step1(q, k, segment_len=segment_len, local_window=local_window)
+        perms = s2o_step1(q, k, segment_len=segment_len, local_window=local_window,
+                          sort_mode=step1_sort, causal=causal)  # fmt: skip
     qp, kvp = perms
+    walk = dict(tau=tau, scale=scale, stop_tile=stop_tile, out=out, walk_budget=walk_budget,
+                stop_chunk=stop_chunk)  # fmt: skip
     if variant == "fused":
         if q_perm:
             raise ValueError("variant='fused' does not reorder queries: q_perm must be False")
         out, visited = s2o_fused(
-            q, k, v, kvp, tau=tau, scale=scale, stop_tile=stop_tile, out=out,
-            walk_budget=walk_budget, **geo,
-        )  # fmt: skip
+            q, k, v, kvp, launch=launch.get("fused"), descriptors=descriptors, **walk, **geo
+        )
     else:
-        state = s2o_pass1(q, k, v, scale=scale, **geo)
+        state = s2o_pass1(
+            q, k, v, scale=scale, launch=launch.get("pass1"), descriptors=descriptors, **geo
+        )
         out, visited = s2o_pass2(
-            q, k, v, state, qp, kvp, tau=tau, scale=scale, use_qperm=bool(q_perm),
-            stop_tile=stop_tile, out=out, walk_budget=walk_budget, **geo,
+            q, k, v, state, qp, kvp, use_qperm=bool(q_perm), launch=launch.get("pass2"), **walk,
+            **geo,
         )  # fmt: skip
-    stats = s2o_stats(visited, L, segment_len, local_window, block_m, block_n, walk_budget)
+    stats = s2o_stats(visited, L, segment_len, local_window, block_m, block_n, walk_budget, causal)
     return out, stats

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import Launch, check_head_dim, resolve_launch
 from .tma import kernel_kv_args
 
 LOG2E = 1.4426950408889634
@@ -64,22 +65,21 @@ def mask_to_lists(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b, hk, kpos, start, seq_len,
-            BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, DIAG: tl.constexpr,
+def _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b, hk, kpos, kok, start,
+            BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
             USE_DESC: tl.constexpr):  # fmt: skip
     """``k`` ``[HEAD_DIM, BLOCK]`` and ``v`` ``[BLOCK, HEAD_DIM]`` of key rows ``kpos``: through
     TMA descriptors (contiguous rows ``start ..``; rows past the end come back as zeros) or
-    through pointers (any rows; ``DIAG`` masks rows past ``seq_len``)."""
+    through pointers (any rows; ``MASKED`` loads only rows with ``kok``)."""
     if USE_DESC:
         k = tl.trans(K_desc.load([b, hk, start, 0]).reshape(BLOCK, HEAD_DIM))
         v = V_desc.load([b, hk, start, 0]).reshape(BLOCK, HEAD_DIM)
     else:
         k_ptrs = k_base + kpos[None, :] * skn
         v_ptrs = v_base + kpos[:, None] * svn
-        if DIAG:
-            kmask = kpos < seq_len
-            k = tl.load(k_ptrs, mask=kmask[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=kmask[:, None], other=0.0)
+        if MASKED:
+            k = tl.load(k_ptrs, mask=kok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=kok[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
@@ -87,17 +87,46 @@ def _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b, hk, kpos, start, seq_le
 
 
 @triton.jit
-def _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, DIAG: tl.constexpr):
-    """One key tile of the online softmax; ``DIAG`` adds the causal mask."""
+def _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED: tl.constexpr):
+    """One key tile of the online softmax; ``mask`` ``[BLOCK_M, SUB]`` is used when MASKED."""
     qk = tl.dot(q, k) * qk_scale
-    if DIAG:
-        qk = tl.where(offs_m[:, None] >= kpos[None, :], qk, float("-inf"))
+    if MASKED:
+        qk = tl.where(mask, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # P V accumulates in the MMA
     return m_new, l_i, acc
+
+
+@triton.jit
+def _bsa_block(
+    q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row, spn, c,
+    offs_m, seq_len, qk_scale, BLOCK: tl.constexpr, SUB: tl.constexpr, HEAD_DIM: tl.constexpr,
+    GATHER: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_DESC: tl.constexpr,
+):  # fmt: skip
+    """Key block ``c`` (``BLOCK`` keys) in ``SUB``-key parts: original rows ``c*BLOCK ..`` or,
+    with GATHER, rows ``perm[c*BLOCK ..]``. MASKED (causal: the diagonal block; non-causal: every
+    block) masks keys after the row (CAUSAL) or at or past ``seq_len``."""
+    offs_n = tl.arange(0, SUB)
+    for t in tl.static_range(BLOCK // SUB):
+        start = tl.full([], 0, tl.int64) + c * BLOCK + t * SUB  # c: an int or a tensor
+        slot = start + offs_n
+        kok = slot < seq_len
+        if GATHER:  # rows gathered through the permutation (pointer loads, USE_DESC off)
+            kpos = tl.load(perm_row + slot * spn, mask=kok, other=0).to(tl.int64)
+        else:
+            kpos = slot.to(tl.int64)
+        k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos, kok,
+                       start.to(tl.int32), SUB, HEAD_DIM, MASKED,
+                       USE_DESC)  # fmt: skip
+        if CAUSAL:
+            mask = offs_m[:, None] >= kpos[None, :]
+        else:
+            mask = kok[None, :] & (offs_m >= 0)[:, None]
+        m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -116,6 +145,9 @@ def _bsa_fwd_kernel(
     SEG_BLOCKS: tl.constexpr,
     PERMUTED: tl.constexpr,
     USE_DESC: tl.constexpr,
+    SUB: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASK_ALL: tl.constexpr,
 ):  # fmt: skip
     qb = num_q_blocks - 1 - tl.program_id(0)  # longest rows first
     bh = tl.program_id(1)
@@ -123,12 +155,12 @@ def _bsa_fwd_kernel(
     h = (bh % heads_q).to(tl.int64)
     hk = h // group
     offs_m = qb * BLOCK + tl.arange(0, BLOCK)
-    offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     q_ptrs = Q + b * sqb + h * sqh + offs_m.to(tl.int64)[:, None] * sqm + offs_d[None, :] * sqd
     q = tl.load(q_ptrs, mask=offs_m[:, None] < seq_len, other=0.0)
     k_base = K + b * skb + hk * skh + offs_d[:, None] * skd
     v_base = V + b * svb + hk * svh + offs_d[None, :] * svd
+    perm_row = PERM + b * spb + h * sph
 
     m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK], dtype=tl.float32)
@@ -139,47 +171,47 @@ def _bsa_fwd_kernel(
     if PERMUTED:
         band_lo = (qb // SEG_BLOCKS) * SEG_BLOCKS
         n_list = count
-    else:
+    elif CAUSAL:
         last = tl.load(idx_base + tl.maximum(count - 1, 0) * sik)
         has_diag = (count > 0) & (last == qb)
         band_lo = tl.where(has_diag, qb, qb + 1)
         n_list = count - has_diag.to(tl.int32)
+    else:  # every listed block, masked to the sequence; no band
+        band_lo = qb + 1
+        n_list = count
+    if CAUSAL:
+        n_band = qb - band_lo  # the diagonal block comes after the band
+    elif PERMUTED:  # the whole own segment
+        n_band = tl.minimum(band_lo + SEG_BLOCKS, num_q_blocks) - band_lo
+    else:
+        n_band = 0
 
     b32, hk32 = b.to(tl.int32), hk.to(tl.int32)
     for i in range(0, n_list):
         c = tl.load(idx_base + i * sik).to(tl.int64)
-        if PERMUTED:  # rows gathered through the permutation (pointer loads, USE_DESC off)
-            kpos = tl.load(PERM + b * spb + h * sph + (c * BLOCK + offs_n) * spn).to(tl.int64)
-        else:
-            kpos = c * BLOCK + offs_n
-        k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos,
-                       (c * BLOCK).to(tl.int32), seq_len, BLOCK, HEAD_DIM, False,
-                       USE_DESC)  # fmt: skip
-        m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, False)
-    for c in range(band_lo, qb):
-        kpos = (c * BLOCK + offs_n).to(tl.int64)
-        k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos, c * BLOCK,
-                       seq_len, BLOCK, HEAD_DIM, False, USE_DESC)  # fmt: skip
-        m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, False)
-    if band_lo <= qb:
-        kpos = (qb * BLOCK + offs_n).to(tl.int64)
-        k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos, qb * BLOCK,
-                       seq_len, BLOCK, HEAD_DIM, True, USE_DESC)  # fmt: skip
-        m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, offs_m, kpos, True)
+        m_i, l_i, acc = _bsa_block(
+            q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row, spn,
+            c, offs_m, seq_len, qk_scale, BLOCK, SUB, HEAD_DIM, PERMUTED, MASK_ALL, CAUSAL,
+            USE_DESC,
+        )  # fmt: skip
+    for c in range(band_lo, band_lo + n_band):
+        m_i, l_i, acc = _bsa_block(
+            q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row, spn,
+            c, offs_m, seq_len, qk_scale, BLOCK, SUB, HEAD_DIM, False, MASK_ALL, CAUSAL, USE_DESC,
+        )  # fmt: skip
+    if CAUSAL:
+        if band_lo <= qb:
+            m_i, l_i, acc = _bsa_block(
+                q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row,
+                spn, qb, offs_m, seq_len, qk_scale, BLOCK, SUB, HEAD_DIM, False, True, CAUSAL,
+                USE_DESC,
+            )  # fmt: skip
 
     # a row that saw no key (empty list, diagonal not selected) outputs 0
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     o_ptrs = O + b * sob + h * soh + offs_m.to(tl.int64)[:, None] * som + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_m[:, None] < seq_len)
-
-
-def _launch_config(block: int, head_dim: int) -> tuple[int, int]:
-    if block >= 128 and head_dim >= 128:
-        return 8, 3
-    if block >= 64:
-        return 4, 3
-    return 4, 2
 
 
 def block_sparse_attention(
@@ -194,24 +226,30 @@ def block_sparse_attention(
     key_perm: torch.Tensor | None = None,
     segment_size: int | None = None,
     out: torch.Tensor | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
+    causal: bool = True,
+    launch: Launch | None = None,
+    descriptors: bool | None = None,
 ) -> torch.Tensor:
-    """Causal block-sparse attention with square ``block_size`` tiles.
+    """Block-sparse attention with square ``block_size`` tiles, causal or not.
 
     Args:
         q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]``; fp16/bf16 (fp32 under the interpreter);
-            ``D`` a power of two >= 16.
+            ``D`` in :data:`~s2o.kernels.launch.HEAD_DIMS`.
         kv_idx: ``[B, Hq, NQ, W]`` int32, ascending key-block ids per query block,
-            ``NQ = ceil(L / block_size)``. Plain variant: ids ``<= r`` (the diagonal ``r``, if
-            present, last). Permuted variant: ids of permuted blocks before the own segment.
+            ``NQ = ceil(L / block_size)``. Plain causal: ids ``<= r`` (the diagonal ``r``, if
+            present, last); plain non-causal: any ids. Permuted variant: ids of permuted blocks
+            outside the own segment (causal: before it).
         kv_count: ``[B, Hq, NQ]`` int32, number of valid entries of each list.
-        block_size: power of two >= 16.
+        block_size: power of two >= 16 (the tile counted; ``launch.sub_n`` may split its keys).
         scale: softmax scale, default ``1/sqrt(D)``.
         key_perm: ``[B, Hq, L]`` int, permuted position -> original token (PBS); ``None`` for the
             plain variant.
-        segment_size: PBS segment length (multiple of ``block_size``), with ``key_perm`` only.
+        segment_size: PBS segment length (multiple of ``block_size``), with ``key_perm`` only;
+            the own segment is computed densely (causal: up to the diagonal).
         out: optional preallocated output (tests NaN-fill it).
+        causal: False: no causal mask; the listed blocks (and PBS's whole own segment) only.
+        launch: :class:`~s2o.kernels.launch.Launch` (None fields: defaults for the head size).
+        descriptors: TMA loads of the contiguous tiles (None: automatic; never for PBS's list).
     Returns:
         ``[B, Hq, L, D]`` in q's dtype.
     """
@@ -219,8 +257,7 @@ def block_sparse_attention(
     Hkv = k.shape[1]
     if not _is_pow2(block_size) or block_size < 16:
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
-    if not _is_pow2(D) or D < 16:
-        raise ValueError(f"the Triton kernel needs a power-of-two head dim >= 16, got D={D}")
+    check_head_dim(D)
     nq = triton.cdiv(L, block_size)
     if kv_idx.shape[:3] != (B, Hq, nq) or kv_count.shape != (B, Hq, nq):
         raise ValueError(
@@ -239,11 +276,11 @@ def block_sparse_attention(
     if out is None:
         out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    warps, stages = _launch_config(block_size, D)
+    sub, cfg = resolve_launch("block_sparse", launch, head_d=D, block_n=block_size, device=q.device)
     perm_strides = (perm.stride(0), perm.stride(1), perm.stride(2)) if permuted else (0, 0, 0)
     # PBS (permuted) gathers its listed blocks through the permutation; with descriptors for
     # its own-segment band alone it ran 2% slower at 64K-128K on an H200 (results/baselines)
-    descs, use_desc = kernel_kv_args(k, v, block_size, enabled=not permuted)
+    descs, use_desc = kernel_kv_args(k, v, sub, False if permuted else descriptors)
     _bsa_fwd_kernel[(nq, B * Hq)](
         q, k, v, *descs, out, kv_idx, kv_count, perm,
         scale * LOG2E, L, nq, Hq, Hq // Hkv,
@@ -254,8 +291,10 @@ def block_sparse_attention(
         SEG_BLOCKS=(segment_size // block_size) if permuted else 1,
         PERMUTED=permuted,
         USE_DESC=use_desc,
-        num_warps=num_warps or warps,
-        num_stages=num_stages or stages,
+        SUB=sub,
+        CAUSAL=bool(causal),
+        MASK_ALL=not causal,
+        **cfg,
     )  # fmt: skip
     return out
 
@@ -392,13 +431,13 @@ def xattn_block_scores(
             f"the Triton estimator needs powers of two with stride <= block_size, "
             f"got block_size={block_size}, stride={stride}"
         )
-    if not _is_pow2(D) or D < 16:
-        raise ValueError(f"the Triton estimator needs a power-of-two head dim >= 16, got D={D}")
+    check_head_dim(D)
     rb = block_size // stride
     nb = triton.cdiv(L, block_size)
     n_rows = nb * rb
-    bm = block_m or max(128 if q.is_cuda else 16, rb)
-    bn = block_n or max(128 if q.is_cuda else 16, rb)
+    tile = (128 if D <= 128 else 64) if q.is_cuda else 16  # head_dim 256: 64-row tiles fit
+    bm = block_m or max(tile, rb)
+    bn = block_n or max(tile, rb)
     n_tiles = triton.cdiv(n_rows, bn)
     dev = q.device
     part = torch.empty(B, Hq, n_rows, triton.cdiv(n_rows, bn) * (bn // rb), device=dev)

@@ -28,63 +28,28 @@ Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from .launch import Launch, check_head_dim, resolve_launch
 from .tma import kernel_kv_args
 
 LOG2E = 1.4426950408889634
 
-# (num_warps, num_stages) per kernel; benchmarks may override them via set_launch_config
-_LAUNCH = {"pass1": None, "pass2": None, "fused": None}
 # (first chunk, growth per chunk) of the early-stop walk: a pipeline refill per chunk vs wasted
 # products after the stop; (2, 1) was the best overall of the sweep in results/kernels/README.md
 # (H200, 128K: stop logic +8.7% at tau=0, sparse time 1.10-1.26 x d x plain)
-_STOP_CHUNK_DEFAULT = (2, 1)
-_STOP_CHUNK = {"n": _STOP_CHUNK_DEFAULT[0], "grow": _STOP_CHUNK_DEFAULT[1]}
+STOP_CHUNK = (2, 1)
 
 
-def set_stop_chunk(n: int | None, grow: int = 0) -> None:
-    """Tiles of the first stop-check chunk of the early-stop walk and the growth per chunk
-    (None resets both to the default)."""
-    n, grow = _STOP_CHUNK_DEFAULT if n is None else (int(n), int(grow))
-    _STOP_CHUNK.update(n=n, grow=grow)
-
-
-def set_launch_config(kernel: str, num_warps: int | None, num_stages: int | None = None) -> None:
-    """Pin ``num_warps``/``num_stages`` of ``pass1``, ``pass2`` or ``fused``; None resets."""
-    _LAUNCH[kernel] = None if num_warps is None else (num_warps, num_stages)
-
-
-# Pass-2 at head_dim 128 with 5 stages keeps more gathered K/V tiles in flight: on an H200 it ran
-# 0.915x (tau=0) to 0.999x (tau=0.02) of the 3-stage time at 128K with the same output
-# (benchmarks/stages_probe.py, results/kernels/stages_probe/). It needs Hopper-class shared memory.
-_PASS2_DEEP_STAGES, _DEEP_SMEM_BYTES = 5, 227 * 1024
-
-
-@functools.cache
-def _smem_per_block(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "shared_memory_per_block_optin", 0))
-
-
-def _launch_config(kernel: str, head_d: int, device: torch.device, gather: bool = True) -> dict:
-    if _LAUNCH[kernel] is not None:
-        w, s = _LAUNCH[kernel]
-        return {"num_warps": w, "num_stages": s}
-    if device.type != "cuda":
-        return {}
-    stages = 3 if head_d >= 128 else 2
-    # only the gathered walk: contiguous K/V tiles (gather=False, the ABCD baseline) are staged in
-    # shared memory and need 352 KB at 5 stages (H200 limit: 227 KB)
-    deep = gather and _smem_per_block(device) >= _DEEP_SMEM_BYTES
-    if kernel == "pass2" and head_d >= 128 and deep:
-        stages = _PASS2_DEEP_STAGES
-    return {"num_warps": 8 if head_d >= 128 else 4, "num_stages": stages}
+def _stop_chunk(stop_chunk: tuple[int, int] | None) -> tuple[int, int]:
+    n, grow = STOP_CHUNK if stop_chunk is None else (int(stop_chunk[0]), int(stop_chunk[1]))
+    if n < 1 or grow < 0:
+        raise ValueError(f"stop_chunk must be (first >= 1, growth >= 0), got {stop_chunk!r}")
+    return n, grow
 
 
 @triton.jit
@@ -130,33 +95,42 @@ def _contig_kv(K_head, V_head, K_desc, V_desc, b, hk, start, L, stride_kl, strid
 
 
 @triton.jit
-def _dense_causal(
-    q, m_i, l_i, acc, K_head, V_head, K_desc, V_desc, b, hk, stride_kl, stride_vl, rows, lo, a,
-    L, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
-    IEEE: tl.constexpr, USE_DESC: tl.constexpr,
+def _dense_part(
+    q, m_i, l_i, acc, K_head, V_head, K_desc, V_desc, b, hk, stride_kl, stride_vl, rows, lo, hi,
+    a, L, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    IEEE: tl.constexpr, USE_DESC: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """Pass-1 body: keys ``[lo, row]`` for query rows ``a .. a+BLOCK_M-1`` in original order."""
+    """Pass-1 body for query rows ``a .. a+BLOCK_M-1`` in original order: keys ``[lo, row]``
+    (CAUSAL) or ``[lo, hi)`` (the window and the whole own segment). BLOCK_N is a key sub-tile."""
     offs_n = tl.arange(0, BLOCK_N)
-    n_full = (a + 1 - lo) // BLOCK_N  # key tiles entirely at or below every row of the tile
+    if CAUSAL:
+        n_full = (a + 1 - lo) // BLOCK_N  # key tiles entirely at or below every row of the tile
+        end = tl.minimum(a + BLOCK_M, L)
+    else:
+        n_full = (hi - lo) // BLOCK_N
+        end = hi
     for j in range(0, n_full):
         k, v = _contig_kv(K_head, V_head, K_desc, V_desc, b, hk, lo + j * BLOCK_N, L, stride_kl,
                           stride_vl, BLOCK_N, HEAD_D, USE_DESC, False)  # fmt: skip
         m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, None, False, IEEE)
-    end = tl.minimum(a + BLOCK_M, L)
     for start in range(lo + n_full * BLOCK_N, end, BLOCK_N):
         k, v = _contig_kv(K_head, V_head, K_desc, V_desc, b, hk, start, L, stride_kl, stride_vl,
                           BLOCK_N, HEAD_D, USE_DESC, True)  # fmt: skip
         cols = start + offs_n
-        mask = (cols[None, :] <= rows[:, None]) & (cols < L)[None, :]
+        if CAUSAL:
+            mask = (cols[None, :] <= rows[:, None]) & (cols < L)[None, :]
+        else:
+            mask = (cols < hi)[None, :] & (rows >= 0)[:, None]
         m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, True, IEEE)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
+def _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, start, P,
                   BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr):  # fmt: skip
-    """Key tile ``j`` of the ranked walk: rows ``kv_perm[j*BN : (j+1)*BN]`` (or ``j*BN..``)."""
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Key rows ``start .. start+BLOCK_N-1`` of the ranked walk: ``kv_perm[start ..]`` (or the
+    positions themselves without GATHER); zeros past ``P``."""
+    cols = start + tl.arange(0, BLOCK_N)
     col_ok = cols < P
     if GATHER:
         idx = tl.load(KVP_row + cols, mask=col_ok, other=0).to(tl.int64)
@@ -170,11 +144,59 @@ def _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
 
 
 @triton.jit
+def _scores(q, k, qk_scale, cols, lim, IEEE: tl.constexpr):
+    """``q k^T`` in the log2 domain, ``-inf`` at columns ``>= lim``."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    return tl.where((cols < lim)[None, :], s * qk_scale, float("-inf"))
+
+
+@triton.jit
+def _sub_tiled_update(
+    q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, lim, qk_scale,
+    BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
+    IEEE: tl.constexpr, ADD: tl.constexpr,
+):  # fmt: skip
+    """Key tile ``j`` (``BLOCK_N`` ranked keys, columns ``< lim`` live) in ``SUB_N``-row parts.
+
+    Returns the state (unchanged without ADD), and per row the tile's gain ``g`` and the mass
+    before the tile ``l0``, both in the scale of the final running max: ``g = sum exp2(s - m')``
+    over the tile, ``l0 = l * exp2(m - m')``; the same numbers as one ``BLOCK_N`` product, summed
+    in ``BLOCK_N / SUB_N`` online steps.
+    """
+    g = tl.zeros_like(l_i)
+    l0 = l_i
+    m_run = m_i
+    for t in tl.static_range(BLOCK_N // SUB_N):
+        start = j * BLOCK_N + t * SUB_N
+        k, v, col_ok = _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, start, P, SUB_N,
+                                HEAD_D, GATHER)  # fmt: skip
+        s = _scores(q, k, qk_scale, start + tl.arange(0, SUB_N), lim, IEEE)
+        m_new = tl.maximum(m_run, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_run - m_new)
+        g = g * alpha + tl.sum(p, 1)
+        l0 = l0 * alpha
+        m_run = m_new
+        if ADD:
+            if IEEE:
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    if ADD:
+        m_i = m_run
+        l_i = l0 + g
+    return m_i, l_i, acc, g, l0
+
+
+@triton.jit
 def _ranked_walk(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
-    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr,
+    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr,
 ):  # fmt: skip
     """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits.
 
@@ -192,6 +214,10 @@ def _ranked_walk(
     (the deferred check), while tile ``j``'s asynchronous ``P V`` product is still running,
     instead of between the two products of one tile.
     Otherwise (``"discard"``) the tile's own flags decide, before ``P V``, whether it is added.
+
+    ``SUB_N < BLOCK_N`` (head_dim 256) computes each tile in ``SUB_N``-key parts
+    (:func:`_sub_tiled_update`); the decisions are still per ``BLOCK_N`` tile. With ``"discard"``
+    a first sweep of ``q k^T`` decides and a second one adds the tile (one more ``q k^T``).
     """
     n_tiles = tl.cdiv(P, BLOCK_N)
     if EARLY_STOP:
@@ -207,49 +233,67 @@ def _ranked_walk(
             gains = row_ok
             for c in range(0, tl.minimum(chunk, n_tiles - j0)):
                 j = j0 + c
-                k, v, col_ok = _load_kv_tile(
-                    K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, BLOCK_N, HEAD_D, GATHER
-                )
-                if KEEP_STOP:  # the previous tile's decision, while its P V is still in flight
-                    go = go & (tl.max(gains.to(tl.int32), 0) > 0)
-                if IEEE:
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee")
+                if SUB_N == BLOCK_N:
+                    k, v, col_ok = _load_kv_tile(
+                        K_head, V_head, KVP_row, stride_kl, stride_vl, j * BLOCK_N, P, BLOCK_N,
+                        HEAD_D, GATHER,
+                    )  # fmt: skip
+                    if KEEP_STOP:  # the previous tile's decision, while its P V is in flight
+                        go = go & (tl.max(gains.to(tl.int32), 0) > 0)
+                    lim = P * go.to(tl.int32)  # 0 for a dead tile: every column masked
+                    s = _scores(q, k, qk_scale, j * BLOCK_N + cols0, lim, IEEE)
+                    m_new = tl.maximum(m_i, tl.max(s, 1))
+                    p = tl.math.exp2(s - m_new[:, None])
+                    alpha = tl.math.exp2(m_i - m_new)
+                    gain = tl.sum(p, 1)
+                    l_old = l_i * alpha
+                    row_gains = (gain >= tau * l_old) & row_ok
+                    visited += go.to(tl.int32)
+                    if not KEEP_STOP:  # a discarded tile adds nothing: p = 0, state unscaled
+                        take = go & (tl.max(row_gains.to(tl.int32), 0) > 0)
+                        p = tl.where(take, p, 0.0)
+                        alpha = tl.where(take, alpha, 1.0)
+                        l_i = tl.where(take, l_old + gain, l_i)
+                        m_i = tl.where(take, m_new, m_i)
+                        go = take
+                    # P V accumulates into the rescaled state inside the MMA
+                    if IEEE:
+                        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None],
+                                     input_precision="ieee")  # fmt: skip
+                    else:
+                        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+                    if KEEP_STOP:
+                        l_i = l_old + gain
+                        m_i = m_new
+                        gains = row_gains
                 else:
-                    s = tl.dot(q, tl.trans(k))
-                lim = P * go.to(tl.int32)  # 0 for a dead tile: every column masked
-                s = tl.where((j * BLOCK_N + cols0 < lim)[None, :], s * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                p = tl.math.exp2(s - m_new[:, None])
-                alpha = tl.math.exp2(m_i - m_new)
-                gain = tl.sum(p, 1)
-                l_old = l_i * alpha
-                row_gains = (gain >= tau * l_old) & row_ok
-                visited += go.to(tl.int32)
-                if not KEEP_STOP:  # a discarded tile adds nothing: p = 0, state unscaled
-                    take = go & (tl.max(row_gains.to(tl.int32), 0) > 0)
-                    p = tl.where(take, p, 0.0)
-                    alpha = tl.where(take, alpha, 1.0)
-                    l_i = tl.where(take, l_old + gain, l_i)
-                    m_i = tl.where(take, m_new, m_i)
-                    go = take
-                # P V accumulates into the rescaled state inside the MMA
-                if IEEE:
-                    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
-                else:
-                    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-                if KEEP_STOP:
-                    l_i = l_old + gain
-                    m_i = m_new
-                    gains = row_gains
+                    if KEEP_STOP:
+                        go = go & (tl.max(gains.to(tl.int32), 0) > 0)
+                    visited += go.to(tl.int32)
+                    lim = P * go.to(tl.int32)
+                    if not KEEP_STOP:  # decide first (q k^T only), then add the kept tile
+                        m_x, l_x, acc_x, gain, l_old = _sub_tiled_update(
+                            q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j,
+                            P, lim, qk_scale, BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, False,
+                        )  # fmt: skip
+                        go = go & (tl.max(((gain >= tau * l_old) & row_ok).to(tl.int32), 0) > 0)
+                        lim = P * go.to(tl.int32)
+                    m_i, l_i, acc, gain, l_old = _sub_tiled_update(
+                        q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
+                        lim, qk_scale, BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, True,
+                    )  # fmt: skip
+                    if KEEP_STOP:
+                        gains = (gain >= tau * l_old) & row_ok
             if KEEP_STOP:
                 go = go & (tl.max(gains.to(tl.int32), 0) > 0)
             j0 += chunk
             chunk = tl.minimum(chunk + STOP_GROW, 64)
             go = go & (j0 < n_tiles)
     else:
-        for j in range(0, n_tiles):
+        # no decisions: the walk is plain attention over SUB_N-key tiles
+        for j in range(0, tl.cdiv(P, SUB_N)):
             k, v, col_ok = _load_kv_tile(
-                K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, BLOCK_N, HEAD_D, GATHER
+                K_head, V_head, KVP_row, stride_kl, stride_vl, j * SUB_N, P, SUB_N, HEAD_D, GATHER
             )
             mask = col_ok[None, :]
             m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, True, IEEE)
@@ -268,20 +312,32 @@ def _program_tile(H, GROUP, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _ranked_len(seg_start, S, W, L, CAUSAL: tl.constexpr):
+    """Keys a segment ranks (``P_n``): the causal prefix before the window, or (non-causal)
+    every key outside the window and the own segment."""
+    lo = tl.maximum(seg_start - W, 0)
+    if CAUSAL:
+        return lo
+    return L - (tl.minimum(seg_start + S, L) - lo)
+
+
+@triton.jit
 def _s2o_pass1_kernel(
     Q, K, V, K_desc, V_desc, M_buf, L_buf, O_buf,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, L, H, GROUP, S, W, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, IEEE: tl.constexpr,
-    USE_DESC: tl.constexpr,
+    USE_DESC: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """Dense intra-segment causal attention + local window -> ``(m2, l, o)`` buffers.
+    """Dense intra-segment attention (causal or the whole segment) + local window -> ``(m2, l,
+    o)`` buffers; BLOCK_N is the key sub-tile.
 
     Grid ``(cdiv(L, BLOCK_M), B * Hq)``; ``m2``, ``l`` are ``[B*Hq, L]`` fp32 and ``o = acc / l``
     is ``[B*Hq, L, D]`` in ``O_buf``'s dtype (the input dtype).
     """
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
-    lo = tl.maximum((a // S) * S - W, 0)
+    seg_start = (a // S) * S
+    lo = tl.maximum(seg_start - W, 0)
     rows = a + tl.arange(0, BLOCK_M)
     row_ok = rows < L
     offs_d = tl.arange(0, HEAD_D)
@@ -290,10 +346,11 @@ def _s2o_pass1_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-    m_i, l_i, acc = _dense_causal(
+    m_i, l_i, acc = _dense_part(
         q, m_i, l_i, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
-        K_desc, V_desc, b.to(tl.int32), hk.to(tl.int32), stride_kl, stride_vl, rows, lo, a, L,
-        qk_scale, BLOCK_M, BLOCK_N, HEAD_D, IEEE, USE_DESC,
+        K_desc, V_desc, b.to(tl.int32), hk.to(tl.int32), stride_kl, stride_vl, rows, lo,
+        tl.minimum(seg_start + S, L), a, L, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, IEEE, USE_DESC,
+        CAUSAL,
     )  # fmt: skip
     st = bh * L + rows
     tl.store(M_buf + st, m_i, mask=row_ok)
@@ -310,7 +367,7 @@ def _s2o_pass2_kernel(
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
     GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
-    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr,
+    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
     """Ranked walk with early stop for one query tile of ``Q_perm`` order; scatters the output.
 
@@ -321,7 +378,7 @@ def _s2o_pass2_kernel(
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
     seg = a // S
     seg_start = seg * S
-    P = tl.minimum(tl.maximum(seg_start - W, 0), MAX_P)
+    P = tl.minimum(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P)
     slots = a + tl.arange(0, BLOCK_M)
     row_ok = slots < tl.minimum(seg_start + S, L)
     if USE_QPERM:
@@ -340,7 +397,7 @@ def _s2o_pass2_kernel(
         q, m1, l1, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
         KVP + b * stride_pb + h * stride_ph + seg * stride_pn, stride_kl, stride_vl, P, row_ok,
         qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
-        STOP_GROW,
+        STOP_GROW, SUB_N,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -356,6 +413,7 @@ def _s2o_fused_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
+    SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
@@ -372,15 +430,16 @@ def _s2o_fused_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-    m_i, l_i, acc = _dense_causal(
+    m_i, l_i, acc = _dense_part(
         q, m_i, l_i, acc, k_head, v_head, K_desc, V_desc, b.to(tl.int32), hk.to(tl.int32),
-        stride_kl, stride_vl, rows, lo, a, L, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, IEEE, USE_DESC,
+        stride_kl, stride_vl, rows, lo, tl.minimum(seg_start + S, L), a, L, qk_scale, BLOCK_M,
+        SUB_N, HEAD_D, IEEE, USE_DESC, CAUSAL,
     )  # fmt: skip
     m_i, l_i, acc, visited = _ranked_walk(
         q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
-        stride_kl, stride_vl, tl.minimum(lo, MAX_P), row_ok, qk_scale, tau, BLOCK_M, BLOCK_N,
-        HEAD_D, GATHER,
-        EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK, STOP_GROW,
+        stride_kl, stride_vl, tl.minimum(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P), row_ok,
+        qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
+        STOP_GROW, SUB_N,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -410,27 +469,32 @@ def _kv_strides(kv_perm: torch.Tensor) -> tuple[int, int, int]:
 def _prep(q, k, v, scale):
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     D = q.shape[-1]
-    if D & (D - 1) or D < 16:
-        raise ValueError(f"the Triton kernels need a power-of-two head_dim >= 16, got {D}")
+    check_head_dim(D)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     return q, k, v, scale * LOG2E, q.dtype == torch.float32
 
 
-def s2o_pass1(q, k, v, *, segment_len, local_window, block_m, block_n, scale=None):
+def s2o_pass1(
+    q, k, v, *, segment_len, local_window, block_m, block_n, scale=None, causal=True,
+    launch: Launch | None = None, descriptors: bool | None = None,
+):  # fmt: skip
     """Pass-1 state in original order: ``m2 [B*Hq, L]`` and ``l [B*Hq, L]`` fp32, and the
     normalized partial output ``o = acc / l`` ``[B*Hq, L, D]`` in q's dtype (half the bytes of an
-    fp32 ``acc``; Pass-2 restores ``acc = o * l``)."""
+    fp32 ``acc``; Pass-2 restores ``acc = o * l``). ``causal=False``: each query sees its whole
+    segment. ``launch``: :class:`~s2o.kernels.launch.Launch` (``sub_n`` is Pass-1's key tile);
+    ``descriptors``: TMA loads of the K/V tiles (None: automatic, see :mod:`s2o.kernels.tma`)."""
     q, k, v, qk_scale, ieee = _prep(q, k, v, scale)
     B, Hq, L, D = q.shape
+    sub_n, cfg = resolve_launch("pass1", launch, head_d=D, block_n=block_n, device=q.device)
     m = torch.empty(B * Hq, L, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     o = torch.empty(B * Hq, L, D, dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(L, block_m), B * Hq)
-    descs, use_desc = kernel_kv_args(k, v, block_n)
+    descs, use_desc = kernel_kv_args(k, v, sub_n, descriptors)
     _s2o_pass1_kernel[grid](
         q, k, v, *descs, m, l, o, *_strides(q), *_strides(k), *_strides(v), L, Hq,
-        Hq // k.shape[1], segment_len, local_window, qk_scale, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_D=D, IEEE=ieee, USE_DESC=use_desc, **_launch_config("pass1", D, q.device),
+        Hq // k.shape[1], segment_len, local_window, qk_scale, BLOCK_M=block_m, BLOCK_N=sub_n,
+        HEAD_D=D, IEEE=ieee, USE_DESC=use_desc, CAUSAL=bool(causal), **cfg,
     )  # fmt: skip
     return m, l, o
 
@@ -450,7 +514,8 @@ def _walk_buffers(q, k, v, kv_perm, scale, block_m, out):
 def s2o_pass2(
     q, k, v, state, q_perm, kv_perm, *, segment_len, local_window, block_m, block_n, tau,
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
-    walk_budget=None,
+    walk_budget=None, causal=True, launch: Launch | None = None,
+    stop_chunk: tuple[int, int] | None = None,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
@@ -458,7 +523,10 @@ def s2o_pass2(
     layout). ``early_stop=None`` means ``tau > 0``; True with ``tau <= 0`` runs the stop-rule
     control flow without ever stopping (overhead decomposition D). ``stop_tile``: ``"keep"`` or
     ``"discard"`` the tile that triggers the stop (same decisions and visits). ``walk_budget``:
-    at most that many key tiles per query tile (``None``: no cap).
+    at most that many key tiles per query tile (``None``: no cap). ``causal=False``: row ``n`` of
+    ``kv_perm`` ranks every key outside the window and the own segment. ``launch``: see
+    :class:`~s2o.kernels.launch.Launch`; ``stop_chunk``: ``(first chunk, growth)`` of the
+    early-stop walk, default :data:`STOP_CHUNK`.
     """
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
@@ -466,6 +534,10 @@ def s2o_pass2(
     B, Hq, L, D = q.shape
     n_tiles = visited.shape[-1]
     early_stop = tau > 0 if early_stop is None else early_stop
+    chunk, grow = _stop_chunk(stop_chunk)
+    sub_n, cfg = resolve_launch(
+        "pass2", launch, head_d=D, block_n=block_n, device=q.device, gather=gather
+    )
     m, l, o1 = state
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
         q, k, v, out, q_perm.contiguous(), kvp, m, l, o1, visited,
@@ -473,32 +545,36 @@ def s2o_pass2(
         segment_len, local_window, n_tiles, qk_scale, float(tau),
         _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
-        KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
-        STOP_GROW=_STOP_CHUNK["grow"],
-        **_launch_config("pass2", D, q.device, gather),
+        KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=chunk, STOP_GROW=grow, SUB_N=sub_n,
+        CAUSAL=bool(causal), **cfg,
     )  # fmt: skip
     return out, visited
 
 
 def s2o_fused(
     q, k, v, kv_perm, *, segment_len, local_window, block_m, block_n, tau, scale=None,
-    gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None,
+    gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None, causal=True,
+    launch: Launch | None = None, stop_chunk: tuple[int, int] | None = None,
+    descriptors: bool | None = None,
 ):  # fmt: skip
-    """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`."""
+    """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`;
+    ``launch.sub_n`` is also the key tile of its dense part, ``descriptors`` as
+    :func:`s2o_pass1`."""
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
     )
     B, Hq, L, D = q.shape
     n_tiles = visited.shape[-1]
     early_stop = tau > 0 if early_stop is None else early_stop
-    descs, use_desc = kernel_kv_args(k, v, block_n)
+    chunk, grow = _stop_chunk(stop_chunk)
+    sub_n, cfg = resolve_launch("fused", launch, head_d=D, block_n=block_n, device=q.device)
+    descs, use_desc = kernel_kv_args(k, v, sub_n, descriptors)
     _s2o_fused_kernel[(n_tiles, B * Hq)](
         q, k, v, *descs, out, kvp, visited, *_strides(q), *_strides(k), *_strides(v),
         *_kv_strides(kvp), L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale,
         float(tau), _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop,
-        KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=_STOP_CHUNK["n"],
-        STOP_GROW=_STOP_CHUNK["grow"], USE_DESC=use_desc,
-        **_launch_config("fused", D, q.device),
+        HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop, KEEP_STOP=_keep(stop_tile), IEEE=ieee,
+        STOP_CHUNK=chunk, STOP_GROW=grow, USE_DESC=use_desc, SUB_N=sub_n, CAUSAL=bool(causal),
+        **cfg,
     )  # fmt: skip
     return out, visited

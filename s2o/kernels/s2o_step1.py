@@ -36,11 +36,11 @@ _MAX_SORT_CHUNKS = 8
 # so "chunks" sorts them in one group (its padding is cheaper than more launches); "cub" (no
 # padding) puts at least this many keys in each group (measured: results/kernels/run8)
 _MIN_GROUP_KEYS = 1 << 23
-# defaults of s2o_step1; set_step1_config changes them (benchmarks/step1_probe.py compares all;
+# defaults of s2o_step1's sort_mode and index_dtype (benchmarks/step1_probe.py compares all;
 # H200, 128K, S=2048, bf16, rev 07f2549: chunks 13.0 ms, full 13.5, cub 7.8, cub with int32
-# kv_perm 7.6).
-# "cub" is not the default because it compiles a CUDA extension on first use (needs nvcc).
-STEP1_CONFIG = {"index_dtype": torch.int64, "sort_mode": "chunks"}
+# kv_perm 7.6). "cub" is not the default because it compiles a CUDA extension on first use
+# (needs nvcc); callers that want it pass sort_mode="cub" (the S2O method: step1_sort).
+SORT_MODE, INDEX_DTYPE = "chunks", torch.int64
 _SORT_MODES = ("chunks", "full", "cub")
 
 
@@ -49,16 +49,6 @@ def _check_step1_options(sort_mode: str | None, index_dtype: torch.dtype | None)
         raise ValueError(f"sort_mode must be one of {_SORT_MODES}, got {sort_mode!r}")
     if index_dtype is not None and index_dtype not in (torch.int64, torch.int32):
         raise ValueError(f"index_dtype must be torch.int64 or torch.int32, got {index_dtype}")
-
-
-def set_step1_config(*, sort_mode: str | None = None, index_dtype: torch.dtype | None = None):
-    """Defaults of :func:`s2o_step1` for every later call (the API and the harness included):
-    ``sort_mode`` ``"chunks"``, ``"full"`` or ``"cub"``; ``index_dtype`` int64 or int32."""
-    _check_step1_options(sort_mode, index_dtype)
-    if sort_mode is not None:
-        STEP1_CONFIG["sort_mode"] = sort_mode
-    if index_dtype is not None:
-        STEP1_CONFIG["index_dtype"] = index_dtype
 
 
 @triton.jit
@@ -291,11 +281,6 @@ def _cub_bits(width: int, rows: int) -> tuple[int, int]:
     return max(1, (width - 1).bit_length()), max(1, (rows - 1).bit_length())
 
 
-# Key scores from one Triton kernel that reads K in its own dtype (None: for bf16 K on CUDA; True
-# forces it, with fp32 operands off CUDA: tests; False: the fp32 copy of K and cuBLAS fp32 GEMMs)
-_FUSED_SCORES: list[bool | None] = [None]
-
-
 def split_bf16(x: torch.Tensor) -> torch.Tensor:
     """fp32 ``x`` ``[..., R, D]`` -> bf16 ``[..., 3, R, D]``: ``hi, mid, lo`` with ``hi + mid + lo
     == x`` (three 8-bit significands carry fp32's 24; bf16 has fp32's exponent range). Exact for
@@ -348,6 +333,30 @@ def _fused_group(qx, kx, shape, prefix, a, b, sort_mode, segment_len, local_wind
         KEYS_OUT=keys is not None, IEEE=qx.dtype == torch.float32, num_warps=4,
     )  # fmt: skip
     return s_k, keys
+
+
+def _rank_outside_segments(
+    q_mean: torch.Tensor, k: torch.Tensor, segment_len: int, local_window: int, index_dtype
+) -> torch.Tensor:
+    """Non-causal ``kv_perm`` ``[B, Hq, N, P_max]``: row ``n`` ranks the keys outside
+    ``[max(0, n*S - W), e_n)`` by descending fp32 ``<q_mean[n], k>`` (stable), padded with ``-1``.
+    ``q_mean`` ``[B, Hq, N, D]`` fp32."""
+    B, Hq, n_seg, D = q_mean.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    dev = k.device
+    qm = q_mean.reshape(B, Hkv, (Hq // Hkv) * n_seg, D)
+    s_k = torch.matmul(qm, k.float().transpose(-1, -2)).view(B, Hq, n_seg, L)
+    starts = torch.arange(n_seg, device=dev) * segment_len
+    lo = (starts - local_window).clamp(min=0)
+    end = (starts + segment_len).clamp(max=L)
+    pos = torch.arange(L, device=dev)
+    inside = (pos[None, :] >= lo[:, None]) & (pos[None, :] < end[:, None])  # [N, L]
+    s_k.masked_fill_(inside, float("-inf"))
+    count = L - (end - lo)
+    p_max = int(count.max())
+    order = torch.sort(s_k, dim=-1, descending=True, stable=True).indices[..., :p_max]
+    order.masked_fill_(torch.arange(p_max, device=dev) >= count[:, None], -1)
+    return order.to(index_dtype)
 
 
 def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
@@ -404,6 +413,8 @@ def s2o_step1(
     local_window: int = 0,
     index_dtype: torch.dtype | None = None,
     sort_mode: str | None = None,
+    causal: bool = True,
+    fused_scores: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 (Alg. 1): ``(q_perm [B, Hq, L] int64, kv_perm [B, Hq, N, P_max])``.
 
@@ -411,15 +422,22 @@ def s2o_step1(
         q: ``[B, Hq, L, D]``; k: ``[B, Hkv, L, D]``, ``Hq % Hkv == 0`` (GQA, K is never repeated:
             the ``G = Hq // Hkv`` query means of a key head are scored in one matrix product).
         segment_len: ``S``; local_window: ``W`` keys before each segment excluded from the ranking.
-        index_dtype: dtype of ``kv_perm`` (default ``STEP1_CONFIG["index_dtype"]``): int64 is the
-            specification's, int32 halves the bytes (the kernels take either; the values are equal).
+        index_dtype: dtype of ``kv_perm`` (default :data:`INDEX_DTYPE`, int64, the
+            specification's); int32 halves the bytes (the kernels take either; the values are
+            equal).
         sort_mode: ``"chunks"`` or ``"full"`` (``torch.sort``, see :func:`_sort_groups`) or
             ``"cub"`` (two CUB radix sorts per group, :mod:`s2o.kernels.cub_sort`; compiles a CUDA
-            extension on first use); default from the config (:func:`set_step1_config`).
+            extension on first use); default :data:`SORT_MODE`.
+        causal: False ranks every key outside the window and the own segment (one fp32 product
+            and one ``torch.sort`` over all ``L`` keys per segment; ``sort_mode`` is not used).
+        fused_scores: score the keys with :func:`_s2o_key_scores_kernel` (None: for bf16 K on
+            CUDA; True forces it, with fp32 operands off CUDA; False: an fp32 copy of K and fp32
+            GEMMs).
     Returns:
         q_perm: absolute query positions, descending ``<q, mean(k[:, :, :S])>`` inside each segment.
         kv_perm: row ``n`` = keys ``0..P_n-1`` (``P_n = max(0, n*S - W)``) in descending
-            ``<mean(q_segment_n), k>`` order, padded with ``-1``.
+            ``<mean(q_segment_n), k>`` order, padded with ``-1``; non-causal: the ``P_n = L -
+            (e_n - max(0, n*S - W))`` keys outside ``[n*S - W, e_n)`` (``e_n`` the segment's end).
     """
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
@@ -429,19 +447,21 @@ def s2o_step1(
     prefix = [max(0, n * S - local_window) for n in range(n_seg)]
     p_max = prefix[-1]
     _check_step1_options(sort_mode, index_dtype)  # before any early return: also for L < S
-    index_dtype = STEP1_CONFIG["index_dtype"] if index_dtype is None else index_dtype
-    sort_mode = STEP1_CONFIG["sort_mode"] if sort_mode is None else sort_mode
+    index_dtype = INDEX_DTYPE if index_dtype is None else index_dtype
+    sort_mode = SORT_MODE if sort_mode is None else sort_mode
 
     k_guide = k[:, :, : min(S, L)].sum(dim=2, dtype=torch.float32) / min(S, L)  # [B, Hkv, D]
     q_mean, s_q = _query_stats(q, k_guide, S)
     q_perm = _query_perm(s_q, S)
 
+    if not causal:
+        return q_perm, _rank_outside_segments(q_mean, k, S, local_window, index_dtype)
     kv_perm = torch.empty(B, Hq, n_seg, p_max, dtype=index_dtype, device=q.device)
     if p_max == 0:
         return q_perm, kv_perm
     q_mean = q_mean.view(B, Hkv, group, n_seg, D)
     fits = k.stride(-1) == 1 and not D & (D - 1) and D >= 16  # the key-score kernel's layout
-    fused = _FUSED_SCORES[0]
+    fused = fused_scores
     if fused is None:
         fused = fits and k.is_cuda and k.dtype == torch.bfloat16
     elif fused and not fits:

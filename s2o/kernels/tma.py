@@ -4,30 +4,22 @@ On Hopper-class GPUs (compute capability >= 9) the kernels load tiles of consecu
 (S2O's Pass-1 and the fused kernel's dense part, the block-sparse kernel without a permutation)
 through 4-D descriptors over ``[B, Hkv, L, D]``; rows past ``L`` come back as zeros. Gathered rows
 (S2O's ranked walk) and the permuted block-sparse kernel (PBS) keep pointer loads. Both paths
-compute the same tiles.
+compute the same tiles. Launchers take ``descriptors``: ``None`` (automatic), True or False.
 """
 
 from __future__ import annotations
 
 import torch
 
-# None: automatic (capability and layout); True/False force the descriptor loads on or off
-_DESC: list[bool | None] = [None]
 
-
-def set_descriptor_loads(enabled: bool | None) -> None:
-    """Force the TMA descriptor loads of contiguous K/V tiles on or off; None: automatic."""
-    if enabled not in (None, True, False):
-        raise ValueError(f"enabled must be None, True or False, got {enabled!r}")
-    _DESC[0] = enabled
-
-
-def use_descriptors(k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the kernels load contiguous K/V tiles through descriptors: forced by
-    :func:`set_descriptor_loads`, else on CUDA devices of capability >= 9 whose K and V have
-    16-byte aligned base addresses and strides (the TMA requirement)."""
-    if _DESC[0] is not None:
-        return _DESC[0]
+def use_descriptors(k: torch.Tensor, v: torch.Tensor, descriptors: bool | None = None) -> bool:
+    """Whether the kernels load contiguous K/V tiles through descriptors: ``descriptors`` when
+    given, else on CUDA devices of capability >= 9 whose K and V have 16-byte aligned base
+    addresses and strides (the TMA requirement)."""
+    if descriptors not in (None, True, False):
+        raise ValueError(f"descriptors must be None, True or False, got {descriptors!r}")
+    if descriptors is not None:
+        return descriptors
     if k.device.type != "cuda" or torch.cuda.get_device_capability(k.device)[0] < 9:
         return False
     return all(
@@ -47,10 +39,11 @@ def kv_descriptors(k: torch.Tensor, v: torch.Tensor, block_rows: int) -> tuple:
 
 
 def kernel_kv_args(
-    k: torch.Tensor, v: torch.Tensor, block_rows: int, enabled: bool = True
+    k: torch.Tensor, v: torch.Tensor, block_rows: int, descriptors: bool | None = None
 ) -> tuple[tuple, bool]:
-    """``((K_desc, V_desc), USE_DESC)`` for a kernel launch; without descriptors (``enabled``
-    False, or :func:`use_descriptors` False) K and V stand in for the unused arguments."""
-    if enabled and use_descriptors(k, v):
+    """``((K_desc, V_desc), USE_DESC)`` for a kernel launch; without descriptors (``descriptors``
+    False, or automatic and :func:`use_descriptors` False) K and V stand in for the unused
+    arguments."""
+    if use_descriptors(k, v, descriptors):
         return kv_descriptors(k, v, block_rows), True
     return (k, v), False
