@@ -40,12 +40,14 @@ def identity_perms(B, Hq, L, segment_len, device):
     return qp, kvp
 
 
-def abcd_times(q, k, v, *, segment_len, bench):
-    """ms of variants A-D (Pass-1 + Pass-2) for one input; ``bench(fn) -> ms``."""
+def abcd_times(q, k, v, *, segment_len, bench, launch=None, step1_kw=None):
+    """ms of variants A-D (Pass-1 + Pass-2) for one input; ``bench(fn) -> ms``; ``launch``
+    ``{kernel: Launch}`` and ``step1_kw`` (Step 1's options) go to every call."""
     B, Hq, L, _ = q.shape
+    launch = launch or {}
     geo = dict(segment_len=segment_len, local_window=0, block_m=128, block_n=128)
     ident = identity_perms(B, Hq, L, segment_len, q.device)
-    ranked = s2o_step1(q, k, segment_len=segment_len)
+    ranked = s2o_step1(q, k, segment_len=segment_len, **(step1_kw or {}))
     variants = {
         "A": (ident, dict(use_qperm=False, gather=False, early_stop=False)),
         "B": (ident, dict(use_qperm=True, gather=True, early_stop=False)),
@@ -58,8 +60,9 @@ def abcd_times(q, k, v, *, segment_len, bench):
     for name, ((qp, kvp), flags) in variants.items():
 
         def run(qp=qp, kvp=kvp, flags=flags):
-            state = s2o_pass1(q, k, v, **geo)
-            return s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, **flags, **geo)
+            state = s2o_pass1(q, k, v, launch=launch.get("pass1"), **geo)
+            return s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, launch=launch.get("pass2"),
+                             **flags, **geo)  # fmt: skip
 
         out[name] = bench(run)
     return out

@@ -45,6 +45,7 @@ if "--smoke" in sys.argv:  # Triton reads this when the kernels are decorated (i
 import s2o  # noqa: E402
 from experiments.provenance import git_revision
 from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists  # noqa: E402
+from s2o.kernels.launch import Launch  # noqa: E402
 from s2o.methods.full import full_attention  # noqa: E402
 from s2o.stats import dense_causal_tile_count  # noqa: E402
 
@@ -198,7 +199,7 @@ def bench_kernel(L, shape, bench, device, t_flash, densities, configs):
 
             def fn(warps=warps, stages=stages, idx=idx, cnt=cnt):
                 return block_sparse_attention(
-                    q, k, v, idx, cnt, block_size=bs, num_warps=warps, num_stages=stages
+                    q, k, v, idx, cnt, block_size=bs, launch=Launch(warps, stages)
                 )
 
             try:

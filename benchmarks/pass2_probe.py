@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.bench_s2o import bench, environment, structured_qkv
 from s2o.kernels import s2o_attention as tree_mod
-from s2o.kernels import s2o_step1, set_descriptor_loads
+from s2o.kernels import s2o_step1
 from s2o.stats import dense_causal_tile_count, s2o_pass1_tile_count
 
 TAUS = (0.0, 0.002, 0.005, 0.02)
@@ -41,23 +41,32 @@ def load_module(path):
     return mod
 
 
-def measure(mod, q, k, v, perms, geo, taus, ref=None):
+def measure(mod, q, k, v, perms, geo, taus, ref=None, dense_kw=None, walk_kw=None):
+    """``dense_kw`` (e.g. ``descriptors``) go to Pass-1 and the fused kernel, ``walk_kw`` (e.g.
+    ``stop_chunk``) to Pass-2 and the fused kernel: a baseline module that predates them gets
+    neither."""
     qp, kvp = perms
     L = q.shape[2]
     dense = dense_causal_tile_count(L, 128, 128)
     p1 = s2o_pass1_tile_count(L, geo["segment_len"], 0, 128, 128)
-    state = mod.s2o_pass1(q, k, v, **geo)
+    dense_kw, walk_kw = dense_kw or {}, walk_kw or {}
+    p1_geo, p2_geo, fused_geo = (
+        {**geo, **dense_kw},
+        {**geo, **walk_kw},
+        {**geo, **dense_kw, **walk_kw},
+    )
+    state = mod.s2o_pass1(q, k, v, **p1_geo)
     row = {
-        "pass1_ms": bench(lambda: mod.s2o_pass1(q, k, v, **geo), L),
+        "pass1_ms": bench(lambda: mod.s2o_pass1(q, k, v, **p1_geo), L),
         "pass2_budget0_ms": bench(
-            lambda: mod.s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, walk_budget=0, **geo), L
+            lambda: mod.s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, walk_budget=0, **p2_geo), L
         ),
         "points": [],
     }
 
     def two_pass(tau):
-        st = mod.s2o_pass1(q, k, v, **geo)
-        return mod.s2o_pass2(q, k, v, st, qp, kvp, tau=tau, **geo)
+        st = mod.s2o_pass1(q, k, v, **p1_geo)
+        return mod.s2o_pass2(q, k, v, st, qp, kvp, tau=tau, **p2_geo)
 
     for tau in taus:
         out, visited = two_pass(tau)
@@ -66,7 +75,7 @@ def measure(mod, q, k, v, perms, geo, taus, ref=None):
             "density": float((visited.double().sum(-1) + p1).mean()) / dense,
             "kernel_ms": bench(lambda t=tau: two_pass(t), L),
             "pass2_ms": bench(
-                lambda t=tau: mod.s2o_pass2(q, k, v, state, qp, kvp, tau=t, **geo), L
+                lambda t=tau: mod.s2o_pass2(q, k, v, state, qp, kvp, tau=t, **p2_geo), L
             ),
         }
         if ref is not None:
@@ -76,9 +85,9 @@ def measure(mod, q, k, v, perms, geo, taus, ref=None):
         else:
             ref_store = row.setdefault("_outputs", {})
             ref_store[tau] = (out, visited)
-        fused_out, fused_vis = mod.s2o_fused(q, k, v, kvp, tau=tau, **geo)
+        fused_out, fused_vis = mod.s2o_fused(q, k, v, kvp, tau=tau, **fused_geo)
         pt["fused_density"] = float((fused_vis.double().sum(-1) + p1).mean()) / dense
-        pt["fused_ms"] = bench(lambda t=tau: mod.s2o_fused(q, k, v, kvp, tau=t, **geo), L)
+        pt["fused_ms"] = bench(lambda t=tau: mod.s2o_fused(q, k, v, kvp, tau=t, **fused_geo), L)
         row["points"].append(pt)
     return row
 
@@ -126,11 +135,11 @@ def block_sparse_loads(q, k, v, densities=(0.05, 0.25)):
         row = {"density": float(mask.sum()) / (B * Hq * nb * (nb + 1) / 2)}
         outs = {}
         for name, desc in (("descriptor", None), ("pointer", False)):
-            set_descriptor_loads(desc)
-            fn = lambda i=idx, c=cnt: block_sparse_attention(q, k, v, i, c, block_size=128)  # noqa: E731
+            fn = lambda i=idx, c=cnt, d=desc: block_sparse_attention(  # noqa: E731
+                q, k, v, i, c, block_size=128, descriptors=d
+            )
             outs[name] = fn()
             row[name + "_ms"] = bench(fn, L)
-        set_descriptor_loads(None)
         row["max_abs_diff"] = float(
             (outs["descriptor"].float() - outs["pointer"].float()).abs().max()
         )
@@ -171,23 +180,20 @@ def main():
         rec["variants"][name] = base
         print(json.dumps({name: base}), flush=True)
     for name, desc in (("tree", None), ("tree_pointer_loads", False)):
-        set_descriptor_loads(desc)
-        row = measure(tree_mod, q, k, v, perms, geo, TAUS, ref)
+        row = measure(tree_mod, q, k, v, perms, geo, TAUS, ref, dense_kw={"descriptors": desc})
         ref = row.pop("_outputs", None) if ref is None else ref
         row.pop("_outputs", None)
         rec["variants"][name] = row
         print(json.dumps({name: row}), flush=True)
-    set_descriptor_loads(None)
     if args.chunks:
         rec["chunks"] = []
         for n, grow in CHUNKS:
-            tree_mod.set_stop_chunk(n, grow)
-            row = measure(tree_mod, q, k, v, perms, geo, TAUS[1:])
+            row = measure(tree_mod, q, k, v, perms, geo, TAUS[1:],
+                          walk_kw={"stop_chunk": (n, grow)})  # fmt: skip
             row.pop("_outputs", None)
             row.update(chunk=n, grow=grow)
             rec["chunks"].append(row)
             print(json.dumps(row), flush=True)
-        tree_mod.set_stop_chunk(None)
     if args.block_sparse:
         rec["block_sparse"] = block_sparse_loads(q, k, v)
     rec["segment_sdpa"] = segment_sdpa(q, k, v, S)

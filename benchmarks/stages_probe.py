@@ -14,8 +14,8 @@ import torch
 import triton.testing
 
 from benchmarks.bench_s2o import structured_qkv
-from s2o.kernels import s2o_step1
-from s2o.kernels.s2o_attention import s2o_fused, s2o_pass1, s2o_pass2, set_launch_config
+from s2o.kernels import Launch, s2o_step1
+from s2o.kernels.s2o_attention import s2o_fused, s2o_pass1, s2o_pass2
 
 
 def main():
@@ -33,17 +33,17 @@ def main():
     qp, kvp = s2o_step1(q, k, segment_len=2048)
     state = s2o_pass1(q, k, v, **geo)
     runs = {
-        "pass2": lambda: s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, **geo)[0],
-        "fused": lambda: s2o_fused(q, k, v, kvp, tau=0.0, **geo)[0],
+        "pass2": lambda cfg=None: s2o_pass2(q, k, v, state, qp, kvp, tau=0.0, launch=cfg, **geo)[0],
+        "fused": lambda cfg=None: s2o_fused(q, k, v, kvp, tau=0.0, launch=cfg, **geo)[0],
     }
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    for name, fn in runs.items():
-        set_launch_config(name, None)
-        want = fn()
-        base = triton.testing.do_bench(fn, warmup=100, rep=1000, return_mode="median")
+    for name, run in runs.items():
+        want = run()
+        base = triton.testing.do_bench(run, warmup=100, rep=1000, return_mode="median")
         print(f"{name} default: {base:.2f} ms")
         for warps, stages in [(8, 2), (8, 4), (8, 5), (4, 4)]:
-            set_launch_config(name, warps, stages)
+            cfg = Launch(warps, stages)
+            fn = lambda run=run, cfg=cfg: run(cfg)  # noqa: E731
             try:
                 got = fn()
                 ms = triton.testing.do_bench(fn, warmup=100, rep=1000, return_mode="median")
@@ -53,7 +53,6 @@ def main():
             same = torch.equal(got, want)
             rel = ms / base
             print(f"{name} warps={warps} stages={stages}: {ms:.2f} ms ({rel:.3f}x) same={same}")
-        set_launch_config(name, None)
 
 
 def sparse(L):
@@ -66,11 +65,12 @@ def sparse(L):
     for tau in (0.0, 0.002, 0.005, 0.02):
         times = {}
         for cfg in (None, (8, 5)):
-            set_launch_config("pass2", *(cfg or (None,)))
-            fn = lambda tau=tau: s2o_pass2(q, k, v, state, qp, kvp, tau=tau, **geo)  # noqa: E731
+            launch = Launch(*cfg) if cfg else None
+            fn = lambda tau=tau, launch=launch: s2o_pass2(  # noqa: E731
+                q, k, v, state, qp, kvp, tau=tau, launch=launch, **geo
+            )
             out, visited = fn()
             times[cfg] = triton.testing.do_bench(fn, warmup=100, rep=1000, return_mode="median")
-        set_launch_config("pass2", None)
         density = float(visited.float().mean())
         ratio = times[(8, 5)] / times[None]
         print(f"tau={tau}: mean visited {density:.1f} tiles, default {times[None]:.2f} ms, "

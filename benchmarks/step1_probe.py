@@ -63,18 +63,16 @@ def by_length(lengths):
     for L in lengths:
         q, k, _ = structured_qkv(1, 32, 8, L, 128)
         for scores, fused in (("default", None), ("cublas_fp32", False)):
-            step1_mod._FUSED_SCORES[0] = fused
             for mode in ("chunks", "cub"):
                 for s in (512, 1024, 2048, 4096):
-                    fn = lambda s=s, m=mode, q=q, k=k: s2o_step1(  # noqa: E731
-                        q, k, segment_len=s, sort_mode=m
+                    fn = lambda s=s, m=mode, q=q, k=k, f=fused: s2o_step1(  # noqa: E731
+                        q, k, segment_len=s, sort_mode=m, fused_scores=f
                     )
                     row = {"L": L, "S": s, "sort_mode": mode, "scores": scores,
                            "ms": do_bench(fn, warmup=3, rep=30, return_mode="median"),
                            "host_ms": host_ms(fn)}  # fmt: skip
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-        step1_mod._FUSED_SCORES[0] = None
         torch.cuda.empty_cache()
     return rows
 
@@ -99,10 +97,9 @@ def main():
     # fp32 copy of K with cuBLAS fp32 GEMMs (the path before it); "differs" counts kv_perm
     # entries that differ from the default's (near-ties ranked by other roundings)
     for scores, fused in (("default", None), ("cublas_fp32", False)):
-        step1_mod._FUSED_SCORES[0] = fused
         for mode, dtype in configs:
-            fn = lambda m=mode, d=dtype: s2o_step1(  # noqa: E731
-                q, k, segment_len=S, sort_mode=m, index_dtype=d
+            fn = lambda m=mode, d=dtype, f=fused: s2o_step1(  # noqa: E731
+                q, k, segment_len=S, sort_mode=m, index_dtype=d, fused_scores=f
             )
             got = fn()[1].long()
             row = {"scores": scores, "sort_mode": mode, "index_dtype": str(dtype),
@@ -112,7 +109,6 @@ def main():
             print(json.dumps(row), flush=True)
             rec["rows"].append(row)
             torch.cuda.empty_cache()
-    step1_mod._FUSED_SCORES[0] = None
     rec["by_S"] = {}  # Step 1 by segment length, per sort mode (int64 kv_perm)
     for s in segment_lens:
         for mode in ("chunks", "cub"):
