@@ -475,8 +475,8 @@ def main(argv=None):
     ap.add_argument(
         "--tune",
         action="store_true",
-        help="pick num_warps/num_stages per kernel at L=16K and use them (default: the "
-        "library's launch configuration, what users get)",
+        help="pick (num_warps, num_stages, sub_n) per kernel at --tune-length and use them "
+        "(default: the library's launch settings, what users get)",
     )
     ap.add_argument(
         "--step1-sort",
