@@ -192,6 +192,48 @@ def _sub_tiled_update(
 
 
 @triton.jit
+def _keep_walk_sub_tiled(
+    q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
+    go, gains, visited, j0, n_chunk, BLOCK_N: tl.constexpr, SUB_N: tl.constexpr,
+    HEAD_D: tl.constexpr, GATHER: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """One chunk of ``n_chunk`` tiles of the ``"keep"`` walk (tile ``j0`` first) as one flat,
+    pipelined loop over ``SUB_N``-key sub-tiles: one K and one V sub-tile in flight per stage
+    (a loop over whole tiles would stage every sub-tile of a tile: 256 KiB at head_dim 256).
+    At a tile's first sub-tile the previous tile's row flags decide (the deferred check) and the
+    tile's gain ``g`` and prior mass ``l0`` restart; at its last one its flags are set and a live
+    tile is counted. Returns ``(m, l, acc, go, gains, visited)``."""
+    SPLIT: tl.constexpr = BLOCK_N // SUB_N
+    g = tl.zeros_like(l_i)
+    l0 = l_i
+    for c in range(0, n_chunk * SPLIT):
+        u = j0 * SPLIT + c  # sub-tile of the walk
+        k, v, col_ok = _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, u * SUB_N, P,
+                                     SUB_N, HEAD_D, GATHER)  # fmt: skip
+        first = (c % SPLIT) == 0
+        last = (c % SPLIT) == SPLIT - 1
+        go = go & ((tl.max(gains.to(tl.int32), 0) > 0) | (c % SPLIT != 0))
+        g = tl.where(first, 0.0, g)
+        l0 = tl.where(first, l_i, l0)
+        lim = P * go.to(tl.int32)
+        s = _scores(q, k, qk_scale, u * SUB_N + tl.arange(0, SUB_N), lim, IEEE)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        g = g * alpha + tl.sum(p, 1)
+        l0 = l0 * alpha
+        if IEEE:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        gains = tl.where(last, (g >= tau * l0) & row_ok, gains)
+        visited += (go & last).to(tl.int32)
+    return m_i, l_i, acc, go, gains, visited
+
+
+@triton.jit
 def _ranked_walk(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
@@ -231,9 +273,9 @@ def _ranked_walk(
             # for loop only (Triton 3.6 fails on an i1 tensor carried by the while loop), the
             # previous chunk's last flags were folded into ``go`` below
             gains = row_ok
-            for c in range(0, tl.minimum(chunk, n_tiles - j0)):
-                j = j0 + c
-                if SUB_N == BLOCK_N:
+            if SUB_N == BLOCK_N:
+                for c in range(0, tl.minimum(chunk, n_tiles - j0)):
+                    j = j0 + c
                     k, v, col_ok = _load_kv_tile(
                         K_head, V_head, KVP_row, stride_kl, stride_vl, j * BLOCK_N, P, BLOCK_N,
                         HEAD_D, GATHER,
@@ -266,24 +308,27 @@ def _ranked_walk(
                         l_i = l_old + gain
                         m_i = m_new
                         gains = row_gains
-                else:
-                    if KEEP_STOP:
-                        go = go & (tl.max(gains.to(tl.int32), 0) > 0)
+            elif KEEP_STOP:
+                m_i, l_i, acc, go, gains, visited = _keep_walk_sub_tiled(
+                    q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok,
+                    qk_scale, tau, go, gains, visited, j0, tl.minimum(chunk, n_tiles - j0),
+                    BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE,
+                )  # fmt: skip
+            else:  # discard: decide first (q k^T only), then add the kept tile
+                for c in range(0, tl.minimum(chunk, n_tiles - j0)):
+                    j = j0 + c
                     visited += go.to(tl.int32)
                     lim = P * go.to(tl.int32)
-                    if not KEEP_STOP:  # decide first (q k^T only), then add the kept tile
-                        m_x, l_x, acc_x, gain, l_old = _sub_tiled_update(
-                            q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j,
-                            P, lim, qk_scale, BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, False,
-                        )  # fmt: skip
-                        go = go & (tl.max(((gain >= tau * l_old) & row_ok).to(tl.int32), 0) > 0)
-                        lim = P * go.to(tl.int32)
+                    m_x, l_x, acc_x, gain, l_old = _sub_tiled_update(
+                        q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
+                        lim, qk_scale, BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, False,
+                    )  # fmt: skip
+                    go = go & (tl.max(((gain >= tau * l_old) & row_ok).to(tl.int32), 0) > 0)
+                    lim = P * go.to(tl.int32)
                     m_i, l_i, acc, gain, l_old = _sub_tiled_update(
                         q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
                         lim, qk_scale, BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, True,
                     )  # fmt: skip
-                    if KEEP_STOP:
-                        gains = (gain >= tau * l_old) & row_ok
             if KEEP_STOP:
                 go = go & (tl.max(gains.to(tl.int32), 0) > 0)
             j0 += chunk
@@ -499,6 +544,15 @@ def s2o_pass1(
     return m, l, o
 
 
+def _discard_stages(cfg: dict, launch: Launch | None, two_sweeps: bool) -> dict:
+    """``stop_tile="discard"`` with key sub-tiles sweeps each tile twice (decide, then add):
+    staging both sweeps' sub-tiles exceeds an H100's shared memory at head_dim 256, so it runs
+    unpipelined unless ``launch`` names ``num_stages``."""
+    if two_sweeps and "num_stages" in cfg and (launch is None or launch.num_stages is None):
+        return {**cfg, "num_stages": 1}
+    return cfg
+
+
 def _walk_buffers(q, k, v, kv_perm, scale, block_m, out):
     """Inputs of a walking kernel: ``(_prep(...), out, visited, kv_perm)`` (an empty ``kv_perm``
     becomes a dummy that is never read)."""
@@ -538,6 +592,7 @@ def s2o_pass2(
     sub_n, cfg = resolve_launch(
         "pass2", launch, head_d=D, block_n=block_n, device=q.device, gather=gather
     )
+    cfg = _discard_stages(cfg, launch, sub_n < block_n and early_stop and not _keep(stop_tile))
     m, l, o1 = state
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
         q, k, v, out, q_perm.contiguous(), kvp, m, l, o1, visited,
@@ -568,6 +623,7 @@ def s2o_fused(
     early_stop = tau > 0 if early_stop is None else early_stop
     chunk, grow = _stop_chunk(stop_chunk)
     sub_n, cfg = resolve_launch("fused", launch, head_d=D, block_n=block_n, device=q.device)
+    cfg = _discard_stages(cfg, launch, sub_n < block_n and early_stop and not _keep(stop_tile))
     descs, use_desc = kernel_kv_args(k, v, sub_n, descriptors)
     _s2o_fused_kernel[(n_tiles, B * Hq)](
         q, k, v, *descs, out, kvp, visited, *_strides(q), *_strides(k), *_strides(v),
