@@ -101,32 +101,28 @@ def _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _bsa_block(
-    q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row, spn, c,
-    offs_m, seq_len, qk_scale, BLOCK: tl.constexpr, SUB: tl.constexpr, HEAD_DIM: tl.constexpr,
-    GATHER: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_DESC: tl.constexpr,
+def _bsa_part(
+    q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row, spn, start,
+    offs_m, seq_len, qk_scale, SUB: tl.constexpr, HEAD_DIM: tl.constexpr, GATHER: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_DESC: tl.constexpr,
 ):  # fmt: skip
-    """Key block ``c`` (``BLOCK`` keys) in ``SUB``-key parts: original rows ``c*BLOCK ..`` or,
-    with GATHER, rows ``perm[c*BLOCK ..]``. MASKED (causal: the diagonal block; non-causal: every
-    block) masks keys after the row (CAUSAL) or at or past ``seq_len``."""
-    offs_n = tl.arange(0, SUB)
-    for t in tl.static_range(BLOCK // SUB):
-        start = tl.full([], 0, tl.int64) + c * BLOCK + t * SUB  # c: an int or a tensor
-        slot = start + offs_n
-        kok = slot < seq_len
-        if GATHER:  # rows gathered through the permutation (pointer loads, USE_DESC off)
-            kpos = tl.load(perm_row + slot * spn, mask=kok, other=0).to(tl.int64)
-        else:
-            kpos = slot.to(tl.int64)
-        k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos, kok,
-                       start.to(tl.int32), SUB, HEAD_DIM, MASKED,
-                       USE_DESC)  # fmt: skip
-        if CAUSAL:
-            mask = offs_m[:, None] >= kpos[None, :]
-        else:
-            mask = kok[None, :] & (offs_m >= 0)[:, None]
-        m_i, l_i, acc = _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED)
-    return m_i, l_i, acc
+    """``SUB`` keys of a block from slot ``start``: original rows ``start ..`` or, with GATHER,
+    rows ``perm[start ..]``. MASKED (causal: the diagonal block; non-causal: every block) masks
+    keys after the row (CAUSAL) or at or past ``seq_len``."""
+    start = tl.full([], 0, tl.int64) + start  # an int (interpreter loops) or a tensor
+    slot = start + tl.arange(0, SUB)
+    kok = slot < seq_len
+    if GATHER:  # rows gathered through the permutation (pointer loads, USE_DESC off)
+        kpos = tl.load(perm_row + slot * spn, mask=kok, other=0).to(tl.int64)
+    else:
+        kpos = slot.to(tl.int64)
+    k, v = _bsa_kv(k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, kpos, kok,
+                   start.to(tl.int32), SUB, HEAD_DIM, MASKED, USE_DESC)  # fmt: skip
+    if CAUSAL:
+        mask = offs_m[:, None] >= kpos[None, :]
+    else:
+        mask = kok[None, :] & (offs_m >= 0)[:, None]
+    return _bsa_tile(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED)
 
 
 @triton.jit
@@ -187,25 +183,30 @@ def _bsa_fwd_kernel(
         n_band = 0
 
     b32, hk32 = b.to(tl.int32), hk.to(tl.int32)
-    for i in range(0, n_list):
-        c = tl.load(idx_base + i * sik).to(tl.int64)
-        m_i, l_i, acc = _bsa_block(
+    # flat loops over SUB-key parts (one K and one V part per pipeline stage; a loop over whole
+    # blocks stages every part of a block: 320 KiB at head_dim 256 with 128-key blocks)
+    SPLIT: tl.constexpr = BLOCK // SUB
+    for i in range(0, n_list * SPLIT):
+        c = tl.load(idx_base + (i // SPLIT) * sik).to(tl.int64)
+        m_i, l_i, acc = _bsa_part(
             q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row, spn,
-            c, offs_m, seq_len, qk_scale, BLOCK, SUB, HEAD_DIM, PERMUTED, MASK_ALL, CAUSAL,
-            USE_DESC,
+            c * BLOCK + (i % SPLIT) * SUB, offs_m, seq_len, qk_scale, SUB, HEAD_DIM, PERMUTED,
+            MASK_ALL, CAUSAL, USE_DESC,
         )  # fmt: skip
-    for c in range(band_lo, band_lo + n_band):
-        m_i, l_i, acc = _bsa_block(
+    for u in range(band_lo * SPLIT, (band_lo + n_band) * SPLIT):
+        m_i, l_i, acc = _bsa_part(
             q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row, spn,
-            c, offs_m, seq_len, qk_scale, BLOCK, SUB, HEAD_DIM, False, MASK_ALL, CAUSAL, USE_DESC,
+            u * SUB, offs_m, seq_len, qk_scale, SUB, HEAD_DIM, False, MASK_ALL,
+            CAUSAL, USE_DESC,
         )  # fmt: skip
     if CAUSAL:
         if band_lo <= qb:
-            m_i, l_i, acc = _bsa_block(
-                q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32, perm_row,
-                spn, qb, offs_m, seq_len, qk_scale, BLOCK, SUB, HEAD_DIM, False, True, CAUSAL,
-                USE_DESC,
-            )  # fmt: skip
+            for t in tl.static_range(SPLIT):
+                m_i, l_i, acc = _bsa_part(
+                    q, m_i, l_i, acc, k_base, v_base, skn, svn, K_desc, V_desc, b32, hk32,
+                    perm_row, spn, qb.to(tl.int64) * BLOCK + t * SUB, offs_m, seq_len, qk_scale,
+                    SUB, HEAD_DIM, False, True, CAUSAL, USE_DESC,
+                )  # fmt: skip
 
     # a row that saw no key (empty list, diagonal not selected) outputs 0
     l_safe = tl.where(l_i > 0, l_i, 1.0)
