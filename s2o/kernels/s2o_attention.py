@@ -18,8 +18,14 @@ Pass-1 hands Pass-2 each row's fp32 ``m2`` and ``l`` and its normalized partial 
 ``m2`` and ``l``, so the decisions are those of an fp32 ``acc``; the output carries one more
 rounding of the Pass-1 part, and the state is half the bytes (1 GiB instead of 2 at 128K, 32
 heads). The contiguous K/V tiles (Pass-1, the fused kernel's dense part) load through TMA tensor
-descriptors on Hopper-class GPUs (:func:`set_descriptor_loads`); the ranked walk gathers rows
-through ``kv_perm`` with pointer loads.
+descriptors on Hopper-class GPUs (the launchers' ``descriptors`` argument); the ranked walk
+gathers rows through ``kv_perm`` with pointer loads.
+
+Head sizes up to 256: a ``block_n`` key tile may be computed in ``SUB_N``-key parts
+(:class:`~s2o.kernels.launch.Launch` ``sub_n``; 64 by default at head_dim 256, where 128 x 256
+K and V tiles do not fit the shared memory). Stop decisions and statistics stay per
+``block_m x block_n`` tile. ``CAUSAL=False``: Pass-1 covers the whole own segment and the walk
+ranks every key outside the window and the segment.
 
 Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
 ``USE_QPERM`` (gather query rows through ``q_perm``), ``GATHER`` (gather key rows through
