@@ -164,19 +164,28 @@ def e2e_record_path(resolved: dict):
     )
 
 
+def outcome(record: dict) -> dict:
+    """What a launcher needs of a job (small, picklable): status, record path, error, and the
+    failed points of an in-process sweep."""
+    failed = (record.get("metrics") or {}).get("failed") or []
+    return {"status": record["status"], "path": record.get("path"),
+            "error": record.get("error"), "failed": list(failed)}  # fmt: skip
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> dict:
     ctx = job_context(cfg)
     try:
-        record = run_job(cfg, ctx)
+        result = outcome(run_job(cfg, ctx))
     except (ConfigError, MissingMandatoryValue) as exc:
         msg = str(exc).splitlines()[0]
         if isinstance(exc, MissingMandatoryValue):
             msg = f"{exc.full_key} is required (??? in the config): give {exc.full_key}=<value>"
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(2)
-    if record["status"] != "ok" and not ctx.multirun:
+    if not ctx.multirun and (result["status"] != "ok" or result["failed"]):
         sys.exit(1)
+    return result  # a multirun's launcher reads it: hydra_plugins/s2o_launchers/report.py
 
 
 if __name__ == "__main__":

@@ -70,6 +70,8 @@ def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -
         rows.append(row)
     print(summary_table(rows))
     failed = [r["label"] for r in rows if r["status"] != "ok"]
+    if failed:
+        print(f"failed points ({len(failed)} of {len(rows)}): {'; '.join(failed)}")
     return {"points": rows, "n_points": len(rows), "n_failed": len(failed), "failed": failed}
 
 

@@ -83,18 +83,20 @@ def test_default_command_writes_record(tmp_path):
     assert rec["metrics"]["mse"] < 1e-2, rec["metrics"]["mse"]
 
 
-def test_repeated_multirun_skips_and_errors_do_not_stop_the_sweep(tmp_path):
+def test_repeated_multirun_skips_and_failed_points_fail_the_sweep(tmp_path):
     args = ["-m", "method=s2o", "tau=0.005,0.02", "method.block_m=64,100", "dry_run=true",
             "timing.enabled=false"]  # fmt: skip
     first = run_cli(args, tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 1, first.stderr[-3000:]
+    assert "sweep: 2 of 4 points failed" in first.stderr, first.stderr[-3000:]
+    assert first.stderr.count("method.block_m=100: ValueError") == 2, first.stderr[-3000:]
     recs = [json.loads(p.read_text()) for p in tmp_path.glob("runs/s2o/*/record.json")]
     status = sorted(r["status"] for r in recs)
     assert status == ["error", "error", "ok", "ok"], status
     err = next(r for r in recs if r["status"] == "error")
     assert "block_m=100" in err["error"] and "Traceback" in err["traceback"]
     second = run_cli(args, tmp_path)
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.returncode == 1, second.stderr[-3000:]
     assert second.stdout.count("skip:") == 2, second.stdout
 
 
