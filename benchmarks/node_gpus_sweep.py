@@ -1,0 +1,242 @@
+"""Every GPU of a node against one: the same operator sweep through ``hydra/launcher=node_gpus``
+on all visible GPUs, then on the first GPU alone, with ``nvidia-smi`` sampling during both.
+
+    python3 benchmarks/node_gpus_sweep.py --out "$OUT"               # the 2-GPU machine
+    python3 benchmarks/node_gpus_sweep.py --out /tmp/ng --tiny       # CPU dry run, fake GPUs 0,1
+
+The sweep: S2O on the synthetic input at ``--L`` tokens (32 query / 8 KV heads, bf16), one point
+per ``--taus`` value; each point times estimation, attention and Full with ``do_bench`` for
+``--rep-ms`` ms apiece, so a point keeps its GPU busy for tens of seconds. One untimed point runs
+first (``warmup/``) so that Triton compiles outside both timed sweeps.
+
+Writes under ``--out``: ``sweep_<n>gpu/`` (Hydra's sweep folder: ``node_gpus.jsonl`` says which GPU
+ran each point and when, ``.node_gpus/*.log`` each job's output), ``results_<n>gpu/`` (the run
+records), ``nvidia_smi_<n>gpu.csv`` (index, utilization, memory every second) and
+``compute_apps_<n>gpu.csv`` (which process held memory on which GPU), ``run_<n>gpu.log`` (the
+launcher's output), ``summary.json`` and ``summary.md`` (wall times, speedup, the GPU of each
+point, each GPU's mean utilization and busy fraction while the sweep ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sweep_args(args: argparse.Namespace) -> list[str]:
+    """run.py overrides of the sweep (without the launcher)."""
+    if args.tiny:
+        return ["method=s2o", f"tau={','.join(args.taus)}", "dry_run=true", "timing.rep=2"]
+    return [
+        "method=s2o",
+        f"tau={','.join(args.taus)}",
+        "data=synthetic",
+        f"data.L={args.L}",
+        "data.heads_q=32",
+        "data.heads_kv=8",
+        f"S={args.S}",
+        f"timing.cuda_rep_ms={args.rep_ms}",
+        "timing.cuda_warmup_ms=200",
+    ]
+
+
+def run_sweep(args: argparse.Namespace, tag: str, gpus: str | None, overrides: list[str]) -> dict:
+    """One ``run.py -m`` through node_gpus, with nvidia-smi sampling around it; its wall time."""
+    out = args.out
+    common = [f"git_rev={args.git_rev}", "skip_done=false", "progress=false", "wandb.mode=disabled"]
+    cmd = [
+        sys.executable,
+        "run.py",
+        "-m",
+        "hydra/launcher=node_gpus",
+        f"hydra.sweep.dir={out / f'sweep_{tag}'}",
+        f"results_dir={out / f'results_{tag}'}",
+        *([f"hydra.launcher.gpus=[{gpus}]"] if gpus is not None else []),
+        *overrides,
+        *common,
+    ]
+    samplers = start_samplers(out, tag)
+    t0 = time.time()
+    with open(out / f"run_{tag}.log", "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        # its own process group: on timeout the sweep's job processes are stopped with it
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=max(10.0, args.deadline - t0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            code = "timeout (--budget-s)"
+    t1 = time.time()
+    for p in samplers:
+        p.terminate()
+        p.wait()
+    print(f"{tag}: exit {code}, {t1 - t0:.1f} s wall", flush=True)
+    return {"tag": tag, "returncode": code, "start": t0, "end": t1, "wall_s": t1 - t0}
+
+
+def start_samplers(out: Path, tag: str) -> list[subprocess.Popen]:
+    """nvidia-smi every second in the background (nothing when there is no nvidia-smi)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    queries = {
+        f"nvidia_smi_{tag}.csv": "--query-gpu=timestamp,index,utilization.gpu,memory.used",
+        f"compute_apps_{tag}.csv": "--query-compute-apps=timestamp,gpu_uuid,pid,used_memory",
+    }
+    return [
+        subprocess.Popen(
+            ["nvidia-smi", q, "--format=csv,nounits", "-l", "1"],
+            stdout=open(out / name, "w"),
+            stderr=subprocess.DEVNULL,
+        )
+        for name, q in queries.items()
+    ]
+
+
+def gpu_use(out: Path, tag: str, start: float, end: float) -> dict:
+    """Per GPU index: samples, mean utilization and the fraction of samples at >= 50% during the
+    sweep (samples outside [start, end] are dropped)."""
+    path = out / f"nvidia_smi_{tag}.csv"
+    if not path.exists():
+        return {}
+    per: dict[str, list[float]] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f, skipinitialspace=True):
+            try:
+                stamp = datetime.strptime(row["timestamp"], "%Y/%m/%d %H:%M:%S.%f")
+                util = float(row["utilization.gpu [%]"])
+            except (KeyError, ValueError):
+                continue
+            if start <= stamp.astimezone().timestamp() <= end:
+                per.setdefault(row["index"], []).append(util)
+    return {
+        i: {
+            "samples": len(u),
+            "mean_util": round(sum(u) / len(u), 1),
+            "busy_fraction": round(sum(x >= 50 for x in u) / len(u), 3),
+        }
+        for i, u in sorted(per.items())
+        if u
+    }
+
+
+def points(out: Path, tag: str) -> list[dict]:
+    """The ledger of a sweep: which GPU ran each point, when, how it ended."""
+    ledger = out / f"sweep_{tag}" / "node_gpus.jsonl"
+    lines = ledger.read_text().splitlines() if ledger.exists() else []
+    rows = sorted((json.loads(line) for line in lines), key=lambda r: r["num"])
+    keep = ("num", "gpu", "gpu_seen_by_job", "start", "end", "elapsed_s", "status", "why")
+    return [{k: r[k] for k in keep} | {"point": _tau(r["overrides"])} for r in rows]
+
+
+def _tau(overrides: list[str]) -> str:
+    return next((o for o in overrides if o.startswith("tau=")), " ".join(overrides))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/_scratch")))
+    ap.add_argument("--L", type=int, default=65536)
+    ap.add_argument("--S", type=int, default=2048)
+    ap.add_argument("--rep-ms", type=int, default=3000, help="do_bench time per timed function")
+    ap.add_argument("--taus", default="0.001,0.002,0.003,0.004,0.005,0.01,0.02,0.05")
+    ap.add_argument("--tiny", action="store_true", help="CPU dry run: tiny points, fake GPUs 0,1")
+    ap.add_argument("--git-rev", default=_git_rev())
+    ap.add_argument("--budget-s", type=float, default=540, help="stop the sweeps after this long")
+    args = ap.parse_args()
+    args.taus = args.taus.split(",")
+    args.out = args.out.resolve()
+    args.deadline = time.time() + args.budget_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if args.tiny:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
+    overrides = sweep_args(args)
+    warm = [o for o in overrides if not o.startswith("tau=")] + [
+        "tau=0.005",
+        "timing.enabled=false",
+    ]
+    runs = [run_sweep(args, "warmup", "0", warm)]
+    runs.append(run_sweep(args, "2gpu", None, overrides))
+    runs.append(run_sweep(args, "1gpu", "0", overrides))
+    summary = {
+        "git_rev": args.git_rev,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gpus": _gpu_names(),
+        "sweeps": {},
+    }
+    for r in runs[1:]:
+        r["points"] = points(args.out, r["tag"])
+        r["gpu_use"] = gpu_use(args.out, r["tag"], r["start"], r["end"])
+        summary["sweeps"][r["tag"]] = r
+    two, one = summary["sweeps"]["2gpu"], summary["sweeps"]["1gpu"]
+    summary["speedup_2gpu_over_1gpu"] = round(one["wall_s"] / two["wall_s"], 3)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (args.out / "summary.md").write_text(markdown(summary))
+    print(markdown(summary))
+
+
+def markdown(s: dict) -> str:
+    two, one = s["sweeps"]["2gpu"], s["sweeps"]["1gpu"]
+    lines = [
+        f"# node_gpus sweep, rev {s['git_rev']}, {s['time']}",
+        "",
+        f"GPUs: {s['gpus']}",
+        "",
+        f"- all visible GPUs: {two['wall_s']:.1f} s wall (exit {two['returncode']})",
+        f"- GPU 0 alone: {one['wall_s']:.1f} s wall (exit {one['returncode']})",
+        f"- speedup: {s['speedup_2gpu_over_1gpu']:.2f}x",
+        "",
+        "| sweep | point | GPU | seen by job | elapsed s | status |",
+        "|---|---|---|---|---|---|",
+    ]
+    for tag in ("2gpu", "1gpu"):
+        for p in s["sweeps"][tag]["points"]:
+            lines.append(
+                f"| {tag} | {p['point']} | {p['gpu']} | {p['gpu_seen_by_job']} | "
+                f"{p['elapsed_s']:.1f} | {p['status']} |"
+            )
+    lines += ["", "nvidia-smi during each sweep (1 s samples): mean utilization %, fraction >= 50%"]
+    for tag in ("2gpu", "1gpu"):
+        use = s["sweeps"][tag]["gpu_use"]
+        lines.append(f"- {tag}: {json.dumps(use) if use else 'no nvidia-smi samples'}")
+    return "\n".join(lines) + "\n"
+
+
+def _git_rev() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _gpu_names() -> str:
+    if shutil.which("nvidia-smi") is None:
+        return "none (no nvidia-smi)"
+    q = ["nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader"]
+    return "; ".join(subprocess.run(q, capture_output=True, text=True).stdout.strip().splitlines())
+
+
+if __name__ == "__main__":
+    main()
