@@ -133,7 +133,7 @@ def test_failed_and_killed_points_fail_the_sweep(tmp_path):
         proc.kill()
     assert code == 1, err[-3000:]
     assert "sweep: 2 of 3 points failed" in err, err[-3000:]
-    assert "#1 method.block_m=100: ValueError: segment_len=256 must be a multiple" in err, err
+    assert "#1 method.block_m=100: ValueError: " in err, err
     assert f"#2 method.block_m=128: RuntimeError: SLURM job {task} ended" in err, err
     (ok,) = [
         json.loads(p.read_text())
