@@ -160,6 +160,8 @@ class NodeGpusLauncher(Launcher):
         free, pending = deque(gpus), deque(jobs)
         running: list[_Running] = []
         rets: dict[int, JobReturn] = {}
+        # SIGTERM (timeout, kill) ends the sweep through the finally below, jobs included
+        previous = signal.signal(signal.SIGTERM, _terminated)
         try:
             while pending or running:
                 while free and pending:
@@ -170,9 +172,14 @@ class NodeGpusLauncher(Launcher):
                     free.append(run.gpu)
                     rets[run.job.num] = _collect(run, ledger)
         finally:
-            for run in running:  # interrupted (Ctrl-C): no job outlives the sweep
+            for run in running:  # interrupted (Ctrl-C, SIGTERM): no job outlives the sweep
                 _stop(run.proc)
+            signal.signal(signal.SIGTERM, previous)
         return [rets[job.num] for job in jobs]
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _start(job: _Job, gpu: str) -> _Running:
@@ -182,7 +189,9 @@ def _start(job: _Job, gpu: str) -> _Running:
     env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
     cmd = [sys.executable, "-m", __name__, str(job.pkl)]
     with open(job.pkl.with_suffix(".log"), "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
     log.info(f"\t#{job.num} on GPU {gpu} (pid {proc.pid}): {' '.join(job.overrides)}")
     return _Running(job, gpu, proc, time.time())
 
