@@ -116,10 +116,11 @@ def gpu_use(out: Path, tag: str, start: float, end: float) -> dict:
     per: dict[str, list[float]] = {}
     with open(path) as f:
         for row in csv.DictReader(f, skipinitialspace=True):
-            try:
+            util_key = next((k for k in row if k and k.startswith("utilization.gpu")), None)
+            try:  # the header says "utilization.gpu [%]"; repeated headers and blanks are skipped
                 stamp = datetime.strptime(row["timestamp"], "%Y/%m/%d %H:%M:%S.%f")
-                util = float(row["utilization.gpu [%]"])
-            except (KeyError, ValueError):
+                util = float(row[util_key])
+            except (KeyError, TypeError, ValueError):
                 continue
             if start <= stamp.astimezone().timestamp() <= end:
                 per.setdefault(row["index"], []).append(util)
