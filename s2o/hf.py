@@ -447,6 +447,8 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
             raise ValueError(f"min_len must be an int >= 0, got {min_len!r}")
         self.model = model
         self.bound = bind(method, **knobs)
+        if self.bound.config.get("causal", True) is not True:
+            raise ValueError("causal=False: a causal LM's prefill is causal; leave causal at True")
         self.layers_arg, self.min_len, self.timing = layers, min_len, bool(timing)
         self.run: SparsePrefill | None = None
 

@@ -149,6 +149,8 @@ def test_bad_knobs_fail_on_entering_and_name_the_knob():
         sparse_prefill(model, "nope")
     with pytest.raises(ValueError, match="min_len"):
         sparse_prefill(model, "s2o", min_len=-3)
+    with pytest.raises(ValueError, match="causal=False"):
+        sparse_prefill(model, "s2o", causal=False)
     assert model.config._attn_implementation == "sdpa"
 
 

@@ -20,30 +20,37 @@ DEFAULTS = {
     "stop_tile": "keep",
     "walk_budget": None,
     "step1_sort": "chunks",
+    "causal": True,
 }
 
 
-def _check(*, impl, step1_sort, **knobs):
+def _check(*, impl, step1_sort, causal, **knobs):
     check_choice("impl", impl, ("auto", "reference", "triton"))
     check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
     check_s2o_args(**knobs)
 
 
-def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, **_):
+def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, **_):
     """Step 1; ``step1_sort`` picks the Triton path's sort (the reference has one)."""
     if resolve_impl(impl, q.device) == "reference":
-        return s2o_permutations(q, k, segment_len, local_window)
+        return s2o_permutations(q, k, segment_len, local_window, causal)
     from ..kernels import s2o_step1
 
-    return s2o_step1(q, k, segment_len=segment_len, local_window=local_window, sort_mode=step1_sort)
+    return s2o_step1(
+        q, k, segment_len=segment_len, local_window=local_window, sort_mode=step1_sort,
+        causal=causal,
+    )  # fmt: skip
 
 
-def _prepare(*, variant, q_perm, tau, step1_sort, impl, **knobs):
+def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, **knobs):
     """Knobs as ``attend`` takes them: the effective ``q_perm`` (validated once) and a float tau."""
     use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, tau=tau, **knobs)
     return dict(
-        knobs, variant=variant, q_perm=use_q_perm, tau=float(tau), step1_sort=step1_sort, impl=impl
-    )
+        knobs, variant=variant, q_perm=use_q_perm, tau=float(tau), step1_sort=step1_sort,
+        impl=impl, causal=causal,
+    )  # fmt: skip
 
 
 def _attend(q, k, v, perms, *, impl, variant, q_perm, step1_sort, **knobs):
