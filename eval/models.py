@@ -48,8 +48,8 @@ def describe(model_cfg: dict) -> str:
     model_cfg = normalize(model_cfg)
     if model_cfg.get("weights") == "random":
         return f"{model_cfg['name']} (random weights)"
-    if model_cfg["source"] == "gguf":
-        where = model_cfg.get("package") or model_cfg.get("path")
+    if model_cfg["source"] == "gguf":  # the loader reads path when it is set, else the package
+        where = model_cfg.get("path") or model_cfg.get("package")
         return f"{where}:{model_cfg['gguf_file']}"
     return str(model_cfg["path"])
 
