@@ -1,0 +1,76 @@
+"""RULER (Hsieh et al. 2024): its 13 synthetic tasks generated offline with the official templates,
+answer prefixes, needle formats, depths, tokens to generate and metrics.
+
+>>> fmt = PromptFormat(tokenizer, render=chat_template_of(tokenizer), add_special_tokens=False)
+>>> samples = load_samples("niah_single_1", 4096, fmt, n=50, seed=42, cache_dir="cache/benchmarks")
+>>> prompt = samples[0]["input"] + samples[0]["answer_prefix"]   # what the model continues
+>>> score = eval.metrics.ruler_score(samples[0]["metric"], prediction, samples[0]["outputs"])
+
+Length = tokens of ``input + answer_prefix`` (``input`` already has the model's template) plus the
+task's tokens to generate, at most the target, as in RULER. One sample per index; sample ``i``
+depends only on (task, length, tokenizer and template, seed), so every method sees the same ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..cache import cached_samples, file_identity
+from . import cwe, fwe, niah, qa, vt
+from .common import PromptFormat, default_essays_dir, identity
+from .templates import FAMILIES, TASKS, family_of
+
+__all__ = ["GENERATOR_VERSION", "PromptFormat", "TASKS", "generate", "identity", "load_samples"]
+
+GENERATOR_VERSION = 1  # bump when a generator's output changes: cached samples are then rebuilt
+
+
+def generate(task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42,
+             data: dict | None = None) -> list[dict]:
+    """``n`` samples of ``task`` at ``length`` tokens. ``data`` may hold ``essays_dir``,
+    ``squad``, ``hotpotqa`` and ``cwe_words`` paths (None: package data or the hub)."""
+    data = dict(data or {})
+    spec = TASKS[task] if task in TASKS else family_of(task)
+    fam = FAMILIES[spec.family]
+    if spec.family == "niah":
+        raw = niah.generate(spec.args, length, fmt, n, seed, data.get("essays_dir"))
+    elif spec.family == "vt":
+        raw = vt.generate(spec.args, length, fmt, n, seed)
+    elif spec.family == "cwe":
+        raw = cwe.generate(spec.args, length, fmt, n, seed, data.get("cwe_words"))
+    elif spec.family == "fwe":
+        raw = fwe.generate(spec.args, length, fmt, n, seed)
+    else:
+        raw = qa.generate(spec.args, length, fmt, n, seed, data.get(spec.args["dataset"]))
+    out = []
+    for s in raw:
+        s = {k: v for k, v in s.items() if v is not None}
+        out.append(dict(
+            id=f"ruler/{task}/{length}/{seed}/{s['index']}", task=task, length=length, **s,
+            tokens_to_generate=fam.tokens_to_generate, metric=fam.metric,
+            total_tokens=s["prompt_tokens"] + fam.tokens_to_generate,
+        ))
+    return out
+
+
+def _data_identity(task: str, data: dict) -> dict:
+    spec = TASKS[task]
+    if spec.family == "niah" and spec.args["type_haystack"] == "essay":
+        return {"essays": file_identity(data.get("essays_dir") or default_essays_dir())}
+    if spec.family == "qa":
+        name = spec.args["dataset"]
+        return {name: file_identity(data.get(name)) or "hub"}
+    if spec.family == "cwe":
+        return {"cwe_words": file_identity(data.get("cwe_words"))}
+    return {}
+
+
+def load_samples(task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42,
+                 data: dict | None = None, cache_dir: str | Path | None = None) -> list[dict]:
+    """``generate`` through the sample cache (``cache_dir=None``: no cache)."""
+    if task not in TASKS:
+        raise KeyError(f"unknown RULER task {task!r}; known: {sorted(TASKS)}")
+    data = dict(data or {})
+    key = dict(benchmark="ruler", task=task, length=int(length), tokenizer=fmt.identity(),
+               seed=int(seed), n=int(n), version=GENERATOR_VERSION, data=_data_identity(task, data))
+    return cached_samples(key, lambda: generate(task, length, fmt, n, seed, data), cache_dir)

