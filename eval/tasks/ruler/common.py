@@ -77,7 +77,7 @@ def fit_size(
 
 def fit_sample(
     make: Callable[[int], tuple[str, Any]], n_tokens: Callable[[str], int], n: int, budget: int,
-    step: int, what: str,
+    step: int, what: str, min_size: int = 1,
 ) -> tuple[str, Any, int, int]:
     """Draw a sample at size ``n``, backing off while it exceeds ``budget`` tokens (a draw can be
     longer than the one the size was fitted on). RULER backs off by its fitting step; we back off
@@ -89,7 +89,7 @@ def fit_sample(
         length = n_tokens(text)
         if length <= budget:
             return text, extra, length, n
-        if n <= step:
+        if n - step < min_size:
             raise ValueError(
                 f"{what}: even the smallest haystack gives {length} tokens > budget {budget}; "
                 "the target length is too short for this task and template"

@@ -76,7 +76,7 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
             return budget + 1
         return fmt.n_tokens(full(size, random.Random(f"{seed}-fit"))[0])
 
-    size = fit_size(n_tok, budget, 10, min(guess, len(vocab)))
+    size = fit_size(n_tok, budget, args["num_cw"] + 1, min(guess, len(vocab)))
     if size == len(vocab):  # RULER switches to its larger word list here
         _example(vocab, len(vocab) + 1, 1, 1, 1, random.Random(0))  # raises with the hint
     rng = random.Random(seed)
@@ -88,7 +88,8 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
             rng.setstate(state)
             return full(s, rng)
 
-        _, (task, answer), tok, used = fit_sample(make, fmt.n_tokens, size, budget, 10, "cwe")
+        _, (task, answer), tok, used = fit_sample(make, fmt.n_tokens, size, budget, 10, "cwe",
+                                                  min_size=args["num_cw"] + 1)
         samples.append(dict(index=index, input=fmt.render(task), answer_prefix=fam.answer_prefix,
                             outputs=answer, prompt_tokens=tok, haystack_size=used))
     return samples
