@@ -149,6 +149,8 @@ def math_find_match(pred: str, label) -> float:
         return 0.0
     if isinstance(label, bool) or not isinstance(label, int | float):
         raise TypeError(f"Math.Find label must be int or float, got {type(label).__name__}")
+    if isinstance(label, int) and "." in m.group(0):
+        return 0.0  # the official int(...) raises here; a non-integer answer is wrong
     return float((int(m.group(0)) if isinstance(label, int) else float(m.group(0))) == label)
 
 
@@ -174,8 +176,8 @@ def normalize_answer(s: str) -> str:
 
 _ZH_PUNCT = set(
     string.punctuation
-    + "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗"
-    "〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
+    + "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～"
+    + "｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
 )
 
 

@@ -29,8 +29,9 @@ def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple
     return (max(0.0, center - half), min(1.0, center + half))
 
 
-def bootstrap_interval(scores: Sequence[float], confidence: float = 0.95, n_boot: int = 10_000,
-                       seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(
+    scores: Sequence[float], confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean score (resampling samples with replacement)."""
     x = np.asarray(scores, dtype=np.float64)
     if x.size == 0:
@@ -68,12 +69,23 @@ def mcnemar_exact(a: Sequence[float], b: Sequence[float]) -> dict:
     n01 = sum(1 for x, y in zip(a, b) if x == 0 and y == 1)
     m, k = n10 + n01, min(n10, n01)
     p = 1.0 if m == 0 else min(1.0, 2 * sum(math.comb(m, i) for i in range(k + 1)) / 2**m)
-    return {"test": "mcnemar_exact", "n": len(a), "n10": n10, "n01": n01,
-            "diff": (n10 - n01) / len(a), "p_value": p}
+    return {
+        "test": "mcnemar_exact",
+        "n": len(a),
+        "n10": n10,
+        "n01": n01,
+        "diff": (n10 - n01) / len(a),
+        "p_value": p,
+    }
 
 
-def paired_bootstrap(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
-                     n_boot: int = 10_000, seed: int = 0) -> dict:
+def paired_bootstrap(
+    a: Sequence[float],
+    b: Sequence[float],
+    confidence: float = 0.95,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> dict:
     """Paired bootstrap of ``mean(a) - mean(b)`` (the same resampled samples for both): interval
     and two-sided p = 2 * min(P(diff* <= 0), P(diff* >= 0)), capped at 1."""
     _check_paired(a, b)
@@ -82,9 +94,14 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], confidence: float =
     boots = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
     alpha = (1 - confidence) / 2
     p = min(1.0, 2 * min(float(np.mean(boots <= 0)), float(np.mean(boots >= 0))))
-    return {"test": "paired_bootstrap", "n": int(d.size), "diff": float(d.mean()),
-            "lo": float(np.quantile(boots, alpha)), "hi": float(np.quantile(boots, 1 - alpha)),
-            "p_value": p}
+    return {
+        "test": "paired_bootstrap",
+        "n": int(d.size),
+        "diff": float(d.mean()),
+        "lo": float(np.quantile(boots, alpha)),
+        "hi": float(np.quantile(boots, 1 - alpha)),
+        "p_value": p,
+    }
 
 
 def compare_paired(a: Sequence[float], b: Sequence[float], seed: int = 0) -> dict:

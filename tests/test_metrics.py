@@ -61,6 +61,7 @@ def test_kv_dialogue_code_run_math_find():
     assert m.math_find_match("The answer is 17, not 18", [17]) == 1.0
     assert m.math_find_match("3.5", [3.5]) == 1.0
     assert m.math_find_match("none", [3]) == 0.0
+    assert m.math_find_match("0.3 or 3", [3]) == 0.0
 
 
 def test_choice_match():
@@ -114,12 +115,20 @@ def test_qa_f1_zh_jieba():
 def test_infinitebench_matches_lm_eval():
     u = pytest.importorskip("lm_eval.tasks.infinitebench.utils")
     for pred, label in [("The pass key is 71432.", "71432"), ("x 1 2", "2"), ("none", "5")]:
-        assert m.passkey_match(pred, [label]) == u.process_results_int_match(
-            {"answer": [label]}, [pred])["score"]
+        assert (
+            m.passkey_match(pred, [label])
+            == u.process_results_int_match({"answer": [label]}, [pred])["score"]
+        )
     for pred, label in [('value: "abc-1".', "abc-1"), ("abc-12", "abc-1")]:
-        assert m.kv_retrieval_match(pred, [label]) == u.process_results_kv(
-            {"answer": [label]}, [pred])["score"]
-    for pred, gold in [("The Eiffel Tower, Paris!", "Eiffel tower"), ("a b c d", "b d e"), ("x", "y")]:
+        assert (
+            m.kv_retrieval_match(pred, [label])
+            == u.process_results_kv({"answer": [label]}, [pred])["score"]
+        )
+    for pred, gold in [
+        ("The Eiffel Tower, Paris!", "Eiffel tower"),
+        ("a b c d", "b d e"),
+        ("x", "y"),
+    ]:
         assert m.qa_f1(pred, [gold]) == pytest.approx(u._token_f1(pred, gold))
     for pred, gold in [("北京市。", "北京"), ("上海", "北京")]:
         assert m.qa_f1_zh(pred, [gold]) == pytest.approx(u._token_f1(pred, gold, is_chinese=True))

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("wonderwords")
 from eval.metrics import ruler_score  # noqa: E402
 from eval.tasks import ruler  # noqa: E402
-from eval.tasks.ruler import PromptFormat, TASKS, generate, load_samples  # noqa: E402
+from eval.tasks.ruler import TASKS, PromptFormat, generate, load_samples  # noqa: E402
 from eval.tasks.ruler.templates import DEPTHS, FAMILIES, NEEDLE, NOISE  # noqa: E402
 
 CHAT = "<|user|>\n{}<|end|>\n<|assistant|>\n"
@@ -27,11 +27,15 @@ def bpe_tokenizer():
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     corpus = [NOISE, FAMILIES["niah"].template, "VAR ABCDE = 12345", "Document 1:\n"] * 10
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tk.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>",
-                                   name_or_path="test-bpe")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<s>", eos_token="</s>", name_or_path="test-bpe"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,10 @@ def fmt():
 def essays(tmp_path_factory):
     folder = tmp_path_factory.mktemp("essays")
     for i in range(3):
-        sents = [f"Essay {i} sentence {j} says that startups grow fast and founders learn." for j in range(60)]
+        sents = [
+            f"Essay {i} sentence {j} says that startups grow fast and founders learn."
+            for j in range(60)
+        ]
         (folder / f"e{i}.txt").write_text(" ".join(sents) + "\n")
     return str(folder)
 
@@ -76,7 +83,9 @@ def test_niah_needles_once(task, fmt, essays):
         body = s["input"]
         kind = args["type_needle_v"]
         for value in s["outputs"]:
-            needles = re.findall(r"One of the special magic %s for (\S+) is: %s\." % (kind, re.escape(value)), body)
+            needles = re.findall(
+                rf"One of the special magic {kind} for (\S+) is: {re.escape(value)}\.", body
+            )
             assert len(needles) == 1, (task, value)
             assert body.count(value) == 1
         key_phrase = s["answer_prefix"].split(" for ", 1)[1].split(" mentioned")[0]
@@ -88,10 +97,14 @@ def test_niah_singular_template_and_prefix(fmt):
     s = generate("niah_single_1", 1024, fmt, n=1, seed=0)[0]
     assert "A special magic number is hidden within the following text." in s["input"]
     assert "What is the special magic number for " in s["input"]
-    assert re.fullmatch(r" The special magic number for \S+ mentioned in the provided text is",
-                        s["answer_prefix"])
-    multi = generate("niah_multivalue", 1024, fmt, n=1, seed=0,
-                     data={"essays_dir": None})[0] if _has_essays() else None
+    assert re.fullmatch(
+        r" The special magic number for \S+ mentioned in the provided text is", s["answer_prefix"]
+    )
+    multi = (
+        generate("niah_multivalue", 1024, fmt, n=1, seed=0, data={"essays_dir": None})[0]
+        if _has_essays()
+        else None
+    )
     if multi:
         assert multi["answer_prefix"].endswith("mentioned in the provided text are")
 
@@ -126,8 +139,12 @@ def test_needle_haystack_is_distractor_needles(fmt):
     s = generate("niah_multikey_3", 1024, fmt, n=1, seed=2)[0]
     lines = s["input"].split("afterwards.\n", 1)[1].rsplit("\nWhat is", 1)[0].split("\n")
     uuid = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
-    assert all(re.fullmatch(NEEDLE.format(type_needle_v="uuids", key=uuid, value=uuid).replace(".", r"\."), x)
-               for x in lines)
+    assert all(
+        re.fullmatch(
+            NEEDLE.format(type_needle_v="uuids", key=uuid, value=uuid).replace(".", r"\."), x
+        )
+        for x in lines
+    )
 
 
 def test_vt_chain_and_one_shot(fmt):
@@ -179,8 +196,9 @@ def test_cache_keyed_and_reused(fmt, tmp_path, monkeypatch):
     monkeypatch.setattr(ruler, "generate", lambda *a, **k: pytest.fail("regenerated"))
     assert load_samples("vt", 1024, fmt, n=2, seed=1, cache_dir=tmp_path) == first
     monkeypatch.undo()
-    other = PromptFormat(fmt.tokenizer, render=lambda t: "[INST] " + t + " [/INST]",
-                         add_special_tokens=False)
+    other = PromptFormat(
+        fmt.tokenizer, render=lambda t: "[INST] " + t + " [/INST]", add_special_tokens=False
+    )
     assert fmt.identity() != other.identity()
     load_samples("vt", 1024, other, n=2, seed=1, cache_dir=tmp_path)
     load_samples("vt", 1024, fmt, n=3, seed=1, cache_dir=tmp_path)
@@ -196,11 +214,21 @@ def _squad(path):
         pars = []
         for p in range(3):
             ctx = f"Article {a} paragraph {p}. The capital of land {a}{p} is City{a}{p}."
-            qas = [{"id": f"q{a}{p}", "question": f"What is the capital of land {a}{p}?",
+            qas = [
+                {
+                    "id": f"q{a}{p}",
+                    "question": f"What is the capital of land {a}{p}?",
                     "is_impossible": False,
-                    "answers": [{"text": f"City{a}{p}", "answer_start": 30}]},
-                   {"id": f"x{a}{p}", "question": "Unanswerable?", "is_impossible": True,
-                    "answers": [], "plausible_answers": []}]
+                    "answers": [{"text": f"City{a}{p}", "answer_start": 30}],
+                },
+                {
+                    "id": f"x{a}{p}",
+                    "question": "Unanswerable?",
+                    "is_impossible": True,
+                    "answers": [],
+                    "plausible_answers": [],
+                },
+            ]
             pars.append({"context": ctx, "qas": qas})
         arts.append({"title": f"T{a}", "paragraphs": pars})
     path.write_text(json.dumps({"version": "v2.0", "data": arts}))
@@ -210,9 +238,17 @@ def _hotpot(path):
     items = []
     for i in range(4):
         ctx = [[f"Title{i}{j}", [f"Sentence {j} of item {i}. ", f"Fact {i}{j}."]] for j in range(3)]
-        items.append({"_id": str(i), "question": f"Which fact belongs to item {i}?",
-                      "answer": f"Fact {i}0", "context": ctx, "supporting_facts": [], "type": "bridge",
-                      "level": "easy"})
+        items.append(
+            {
+                "_id": str(i),
+                "question": f"Which fact belongs to item {i}?",
+                "answer": f"Fact {i}0",
+                "context": ctx,
+                "supporting_facts": [],
+                "type": "bridge",
+                "level": "easy",
+            }
+        )
     path.write_text(json.dumps(items))
 
 
@@ -220,8 +256,10 @@ def test_qa_from_official_files(fmt, tmp_path):
     _squad(tmp_path / "dev-v2.0.json")
     _hotpot(tmp_path / "hotpot.json")
     data = {"squad": str(tmp_path / "dev-v2.0.json"), "hotpotqa": str(tmp_path / "hotpot.json")}
-    for task, gold_of in (("qa_1", lambda i: ["City00", "City01", "City02"][i]),
-                          ("qa_2", lambda i: f"Fact {i}0")):
+    for task, gold_of in (
+        ("qa_1", lambda i: ["City00", "City01", "City02"][i]),
+        ("qa_2", lambda i: f"Fact {i}0"),
+    ):
         samples = generate(task, 700, fmt, n=2, seed=0, data=data)
         for i, s in enumerate(samples):
             assert s["outputs"] == [gold_of(i)]

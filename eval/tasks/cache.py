@@ -15,8 +15,11 @@ def cache_key(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def cached_samples(key: dict, build: Callable[[], list[dict]], cache_dir: str | Path | None,
-                   ) -> list[dict]:
+def cached_samples(
+    key: dict,
+    build: Callable[[], list[dict]],
+    cache_dir: str | Path | None,
+) -> list[dict]:
     """``build()`` once per ``key``; stored as ``<cache_dir>/<benchmark>/<task>/<hash>.jsonl`` with
     the key beside it (``.key.json``). ``cache_dir=None`` disables the cache."""
     if cache_dir is None:
@@ -27,12 +30,16 @@ def cached_samples(key: dict, build: Callable[[], list[dict]], cache_dir: str | 
     if path.is_file() and key_path.is_file():
         stored = json.loads(key_path.read_text())
         lines = path.read_text(encoding="utf-8").splitlines()
-        if stored == json.loads(json.dumps(key, default=str)) and len(lines) == stored.get("n", len(lines)):
+        if stored == json.loads(json.dumps(key, default=str)) and len(lines) == stored.get(
+            "n", len(lines)
+        ):
             return [json.loads(line) for line in lines]
     samples = build()
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples), encoding="utf-8")
+    tmp.write_text(
+        "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples), encoding="utf-8"
+    )
     os.replace(tmp, path)  # atomic: a killed run never leaves a half-written cache entry
     key_path.write_text(json.dumps(key, sort_keys=True, default=str, indent=1))
     return samples

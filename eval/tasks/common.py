@@ -33,7 +33,9 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                raise ValueError(
+                    f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}"
+                )
             yield lineno, obj
 
 
@@ -43,5 +45,7 @@ def check_fields(obj: dict, types: dict[str, tuple], where: str) -> None:
         if name not in obj:
             raise ValueError(f"{where}: missing field {name!r}")
         if not isinstance(obj[name], allowed):
-            raise ValueError(f"{where}: field {name!r} is {type(obj[name]).__name__}, expected "
-                             + " or ".join(t.__name__ for t in allowed))
+            raise ValueError(
+                f"{where}: field {name!r} is {type(obj[name]).__name__}, expected "
+                + " or ".join(t.__name__ for t in allowed)
+            )

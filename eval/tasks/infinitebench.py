@@ -35,9 +35,18 @@ PAPER_TASKS = {
 GENERATED_TASKS = {"passkey-style": "passkey", "number-style": "number_string"}
 
 MAX_NEW_TOKENS = {
-    "passkey": 6, "number_string": 12, "kv_retrieval": 50, "longbook_sum_eng": 1200,
-    "longbook_choice_eng": 40, "longbook_qa_eng": 40, "longbook_qa_chn": 40,
-    "longdialogue_qa_eng": 40, "math_find": 3, "math_calc": 30000, "code_run": 5, "code_debug": 5,
+    "passkey": 6,
+    "number_string": 12,
+    "kv_retrieval": 50,
+    "longbook_sum_eng": 1200,
+    "longbook_choice_eng": 40,
+    "longbook_qa_eng": 40,
+    "longbook_qa_chn": 40,
+    "longdialogue_qa_eng": 40,
+    "math_find": 3,
+    "math_calc": 30000,
+    "code_run": 5,
+    "code_debug": 5,
 }
 
 METRICS: dict[str, Callable[[str, Any], float]] = {
@@ -67,7 +76,7 @@ TEMPLATES = {
         "longbook_qa_chn": "阅读以下书籍然后回答问题。\n\n{context}\n\n问题：{question}\n答案：",
         "math_find": "{prefix}\n\n{context}\n\n{input}",
         "code_debug": "Following is a Python code where exactly one of the functions/methods has a deliberate error that makes it crash.\n\n{context}\n\nOptions:\nA. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}\n\nThe correct option is:",  # noqa: E501
-        "longdialogue_qa_eng": "Below is a dialogue script where one random occurrence of a character name is replaced with \"$$MASK$$\", and you should try to guess who that character is.\n\n{context}\n\nThe name that has been replaced with $$MASK$$ is likely",  # noqa: E501
+        "longdialogue_qa_eng": 'Below is a dialogue script where one random occurrence of a character name is replaced with "$$MASK$$", and you should try to guess who that character is.\n\n{context}\n\nThe name that has been replaced with $$MASK$$ is likely',  # noqa: E501
     },
     "gpt4": {
         "passkey": "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there.\n\n{context}\n\n{input}",  # noqa: E501
@@ -76,10 +85,10 @@ TEMPLATES = {
         "longbook_qa_eng": "Read the book below and answer a question.\n\n{context}\n\nQuestion: {question}\n\nBe very concise.",  # noqa: E501
         "longbook_choice_eng": "Read the book and answer the question.\n\n{context}\n\nQuestion: {question}\n\nOnly one of the following options is correct, tell me the answer using one single letter (A, B, C, or D). Don't say anything else.\nA. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}",  # noqa: E501
         "longbook_sum_eng": "Summarize the following book.\n\n{context}",
-        "longbook_qa_chn": "请根据以下书籍回答我的问题。\n\n{context}\n\n问题：{question}\n请尽量简短地回答。",
+        "longbook_qa_chn": "请根据以下书籍回答我的问题。\n\n{context}\n\n问题：{question}\n请尽量简短地回答。",  # noqa: E501
         "math_find": "{prefix}\n\n{context}\n\n{input}",
         "code_debug": "There is ONLY ONE function in the large project that is deliberately made to include an obvious error. Please find the function that contains the most obvious errors. I will give you four options to narrow your scope. You can inspect the options and think. Eventually, tell me the answer using one single letter (A, B, C, or D).\n\n{context}\n\nWhich funtion has deliberate error?\nA. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}\n\nYou should first find the functions in the options. Repeat their content, inspect through code, and at last give me your answer for the function that has the deliberate and obvious error in A, B, C, or D.",  # noqa: E501
-        "longdialogue_qa_eng": "Below is a dialogue script where one random occurrence of a character name is replaced with \"$$MASK$$\", and you should try to guess who that character is.\n\nThe dialogue:\n\n---\n\n{context}\n\n---\n\nEnd of dialogue.\n\nWhich character is most likely \"$$MASK$$\"? Just say the name used by the scriptwriter (before the colon marks) of one single character and nothing else.",  # noqa: E501
+        "longdialogue_qa_eng": 'Below is a dialogue script where one random occurrence of a character name is replaced with "$$MASK$$", and you should try to guess who that character is.\n\nThe dialogue:\n\n---\n\n{context}\n\n---\n\nEnd of dialogue.\n\nWhich character is most likely "$$MASK$$"? Just say the name used by the scriptwriter (before the colon marks) of one single character and nothing else.',  # noqa: E501
     },
 }
 
@@ -94,8 +103,10 @@ def data_name(task: str) -> str:
         return GENERATED_TASKS[task]
     if task in MAX_NEW_TOKENS:
         return task
-    raise KeyError(f"unknown InfiniteBench task {task!r}; paper tasks: {list(PAPER_TASKS)}, "
-                   f"generated: {list(GENERATED_TASKS)}")
+    raise KeyError(
+        f"unknown InfiniteBench task {task!r}; paper tasks: {list(PAPER_TASKS)}, "
+        f"generated: {list(GENERATED_TASKS)}"
+    )
 
 
 def build_prompt(eg: dict, name: str, family: str = "yarn_mistral") -> str:
@@ -148,8 +159,9 @@ def load_local(folder: str | Path, task: str) -> list[dict]:
     name = data_name(task)
     path = Path(folder) / f"{name}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: put InfiniteBench's {name}.jsonl there "
-                                f"(hub dataset {HUB_ID})")
+        raise FileNotFoundError(
+            f"{path} does not exist: put InfiniteBench's {name}.jsonl there (hub dataset {HUB_ID})"
+        )
     out = []
     for lineno, eg in iter_jsonl(path):
         where = f"{path}:{lineno}"
@@ -172,15 +184,19 @@ def load_hub(task: str) -> list[dict]:
     import datasets
 
     name = data_name(task)
-    features = datasets.Features({
-        "id": datasets.Value("int64"),
-        "context": datasets.Value("string"),
-        "input": datasets.Value("string"),
-        "answer": datasets.Sequence(datasets.Value("string")),
-        "options": datasets.Sequence(datasets.Value("string")),
-    })
+    features = datasets.Features(
+        {
+            "id": datasets.Value("int64"),
+            "context": datasets.Value("string"),
+            "input": datasets.Value("string"),
+            "answer": datasets.Sequence(datasets.Value("string")),
+            "options": datasets.Sequence(datasets.Value("string")),
+        }
+    )
     rows = datasets.load_dataset(HUB_ID, features=features, split=name)
-    return [dict(r, _label=gold(r, name), _where=f"{HUB_ID}:{name}:{i}") for i, r in enumerate(rows)]
+    return [
+        dict(r, _label=gold(r, name), _where=f"{HUB_ID}:{name}:{i}") for i, r in enumerate(rows)
+    ]
 
 
 def load(task: str, data_dir: str | Path | None = None, n: int | None = None) -> list[dict]:
@@ -195,34 +211,56 @@ def load(task: str, data_dir: str | Path | None = None, n: int | None = None) ->
         except Exception as e:
             raise FileNotFoundError(
                 f"InfiniteBench {task}: no benchmark.data.dir and the hub failed ({e}); download "
-                f"the jsonl files of {HUB_ID} and set benchmark.data.dir=DIR in conf/local/") from e
+                f"the jsonl files of {HUB_ID} and set benchmark.data.dir=DIR in conf/local/"
+            ) from e
     return rows if n is None else rows[:n]
 
 
-def to_samples(rows: list[dict], task: str, tokenizer: Any, max_len: int | None,
-               family: str = "yarn_mistral", render: Callable[[str], str] = lambda s: s) -> list[dict]:
+def to_samples(
+    rows: list[dict],
+    task: str,
+    tokenizer: Any,
+    max_len: int | None,
+    family: str = "yarn_mistral",
+    render: Callable[[str], str] = lambda s: s,
+) -> list[dict]:
     """Benchmark samples: the official prompt truncated in the middle to ``max_len`` tokens
     (before the chat template, as the official scripts do), then ``render``-ed."""
     name = data_name(task)
     out = []
     for i, eg in enumerate(rows):
         text, n_before, cut = truncate_middle(tokenizer, build_prompt(eg, name, family), max_len)
-        out.append(dict(
-            id=f"infinitebench/{task}/{eg.get('id', i)}", task=task, index=i,
-            input=render(text), answer_prefix="", outputs=eg["_label"],
-            max_new_tokens=MAX_NEW_TOKENS[name], prompt_family=family,
-            tokens_before_truncation=n_before, truncated=cut,
-        ))
+        out.append(
+            dict(
+                id=f"infinitebench/{task}/{eg.get('id', i)}",
+                task=task,
+                index=i,
+                input=render(text),
+                answer_prefix="",
+                outputs=eg["_label"] if "_label" in eg else gold(eg, name),
+                max_new_tokens=MAX_NEW_TOKENS[name],
+                prompt_family=family,
+                tokens_before_truncation=n_before,
+                truncated=cut,
+            )
+        )
     return out
 
 
 # ---------------------------------------------------------------- passkey- and number-style
 
-NOISE_LINE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+NOISE_LINE = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+)
 NEEDLES = {
-    "passkey": ("The pass key is {key}. Remember it. {key} is the pass key.\n", "What is the pass key?"),
-    "number_string": ("The sequence of digits is {key}. Remember it. {key} is the sequence of digits.\n",
-                      "What is the sequence of digits?"),
+    "passkey": (
+        "The pass key is {key}. Remember it. {key} is the pass key.\n",
+        "What is the pass key?",
+    ),
+    "number_string": (
+        "The sequence of digits is {key}. Remember it. {key} is the sequence of digits.\n",
+        "What is the sequence of digits?",
+    ),
 }
 
 
@@ -241,8 +279,15 @@ def _retrieval_example(name: str, num_noise: int, depth: int, key: str) -> dict:
     return {"context": context, "input": question, "answer": [key]}
 
 
-def generate_retrieval(task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42,
-                       family: str = "yarn_mistral", repeats: int = 1) -> list[dict]:
+def generate_retrieval(
+    task: str,
+    length: int,
+    fmt: PromptFormat,
+    n: int,
+    seed: int = 42,
+    family: str = "yarn_mistral",
+    repeats: int = 1,
+) -> list[dict]:
     """``n`` passkey-style or number-style samples at ``length`` tokens (prompt after ``fmt``'s
     template + tokens to generate): the official noise and needle lines, the needle at evenly
     stepped line depths from the top to the bottom, ``repeats`` keys per depth."""
@@ -264,9 +309,19 @@ def generate_retrieval(task: str, length: int, fmt: PromptFormat, n: int, seed: 
         depth = round(num_noise * d / (n_depths - 1)) if n_depths > 1 else num_noise // 2
         eg = _retrieval_example(name, num_noise, depth, _key(name, rng))
         text = fmt.render(build_prompt(eg, name, family))
-        out.append(dict(
-            id=f"infinitebench/{task}/{length}/{seed}/{i}", task=task, index=i, length=length,
-            input=text, answer_prefix="", outputs=eg["answer"], max_new_tokens=MAX_NEW_TOKENS[name],
-            prompt_family=family, prompt_tokens=fmt.n_tokens(text), depth=depth / num_noise,
-        ))
+        out.append(
+            dict(
+                id=f"infinitebench/{task}/{length}/{seed}/{i}",
+                task=task,
+                index=i,
+                length=length,
+                input=text,
+                answer_prefix="",
+                outputs=eg["answer"],
+                max_new_tokens=MAX_NEW_TOKENS[name],
+                prompt_family=family,
+                prompt_tokens=fmt.n_tokens(text),
+                depth=depth / num_noise,
+            )
+        )
     return out

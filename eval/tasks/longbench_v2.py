@@ -21,7 +21,7 @@ MAX_NEW_TOKENS_COT = 1024
 PROMPT_0SHOT = (
     "Please read the following text and answer the question below.\n\n<text>\n$DOC$\n</text>\n\n"
     "What is the correct answer to this question: $Q$\nChoices:\n(A) $C_A$\n(B) $C_B$\n(C) $C_C$\n"
-    "(D) $C_D$\n\nFormat your response as follows: \"The correct answer is (insert answer here)\"."
+    '(D) $C_D$\n\nFormat your response as follows: "The correct answer is (insert answer here)".'
 )
 PROMPT_0SHOT_COT = (
     "Please read the following text and answer the questions below.\n\n<text>\n$DOC$\n</text>\n\n"
@@ -31,15 +31,23 @@ PROMPT_0SHOT_COT = (
 PROMPT_0SHOT_COT_ANSWER = (
     "Please read the following text and answer the questions below.\n\nThe text is too long and "
     "omitted here.\n\nWhat is the correct answer to this question: $Q$\nChoices:\n(A) $C_A$\n"
-    "(B) $C_B$\n(C) $C_C$\n(D) $C_D$\n\nLet\u2019s think step by step: $COT$\n\nBased on the above, "
-    "what is the single, most likely answer choice? Format your response as follows: \"The "
-    "correct answer is (insert answer here)\"."
+    "(B) $C_B$\n(C) $C_C$\n(D) $C_D$\n\nLet\u2019s think step by step: $COT$\n\n"
+    "Based on the above, "
+    'what is the single, most likely answer choice? Format your response as follows: "The '
+    'correct answer is (insert answer here)".'
 )
 
 _FIELDS = {
-    "_id": (str,), "difficulty": (str,), "length": (str,), "question": (str,),
-    "choice_A": (str,), "choice_B": (str,), "choice_C": (str,), "choice_D": (str,),
-    "answer": (str,), "context": (str,),
+    "_id": (str,),
+    "difficulty": (str,),
+    "length": (str,),
+    "question": (str,),
+    "choice_A": (str,),
+    "choice_B": (str,),
+    "choice_C": (str,),
+    "choice_D": (str,),
+    "answer": (str,),
+    "context": (str,),
 }
 DIFFICULTIES = ("easy", "hard")
 LENGTHS = ("short", "medium", "long")
@@ -47,7 +55,9 @@ LENGTHS = ("short", "medium", "long")
 
 def _fill(template: str, item: dict, cot: str | None = None) -> str:
     # the official order of replacements; every field stripped first
-    text = template.replace("$DOC$", item["context"].strip()).replace("$Q$", item["question"].strip())
+    text = template.replace("$DOC$", item["context"].strip()).replace(
+        "$Q$", item["question"].strip()
+    )
     for c in "ABCD":
         text = text.replace(f"$C_{c}$", item[f"choice_{c}"].strip())
     return text if cot is None else text.replace("$COT$", cot)
@@ -70,8 +80,10 @@ def _validate(item: Any, where: str) -> dict:
     if item["answer"] not in ("A", "B", "C", "D"):
         raise ValueError(f"{where}: answer {item['answer']!r} is not one of A-D")
     if item["difficulty"] not in DIFFICULTIES or item["length"] not in LENGTHS:
-        raise ValueError(f"{where}: difficulty/length {item['difficulty']!r}/{item['length']!r} "
-                         f"not in {DIFFICULTIES}/{LENGTHS}")
+        raise ValueError(
+            f"{where}: difficulty/length {item['difficulty']!r}/{item['length']!r} "
+            f"not in {DIFFICULTIES}/{LENGTHS}"
+        )
     return item
 
 
@@ -79,8 +91,10 @@ def load_local(path: str | Path) -> list[dict]:
     """Items of the official ``data.json`` (a JSON array), or a jsonl file of the same objects."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: download data.json of the hub dataset "
-                                f"{HUB_ID} and set benchmark.data.path in conf/local/")
+        raise FileNotFoundError(
+            f"{path} does not exist: download data.json of the hub dataset "
+            f"{HUB_ID} and set benchmark.data.path in conf/local/"
+        )
     if path.suffix == ".jsonl":
         return [_validate(obj, f"{path}:{ln}") for ln, obj in iter_jsonl(path)]
     try:
@@ -96,8 +110,13 @@ def load_hub() -> list[dict]:
     import datasets
 
     rows = datasets.load_dataset(HUB_ID, split="train")
-    return [_validate({k: r[k] for k in _FIELDS | {"domain": 0, "sub_domain": 0} if k in r},
-                      f"{HUB_ID}: item {i}") for i, r in enumerate(rows)]
+    return [
+        _validate(
+            {k: r[k] for k in _FIELDS | {"domain": 0, "sub_domain": 0} if k in r},
+            f"{HUB_ID}: item {i}",
+        )
+        for i, r in enumerate(rows)
+    ]
 
 
 def load(path: str | Path | None = None, n: int | None = None) -> list[dict]:
@@ -107,25 +126,41 @@ def load(path: str | Path | None = None, n: int | None = None) -> list[dict]:
         try:
             items = load_hub()
         except Exception as e:
-            raise FileNotFoundError(f"LongBench v2: no benchmark.data.path and the hub failed ({e}); "
-                                    f"download data.json of {HUB_ID}") from e
+            raise FileNotFoundError(
+                f"LongBench v2: no benchmark.data.path and the hub failed ({e}); "
+                f"download data.json of {HUB_ID}"
+            ) from e
     return items if n is None else items[:n]
 
 
-def to_samples(items: list[dict], tokenizer: Any, max_len: int | None, cot: bool = False,
-               render: Callable[[str], str] = lambda s: s) -> list[dict]:
+def to_samples(
+    items: list[dict],
+    tokenizer: Any,
+    max_len: int | None,
+    cot: bool = False,
+    render: Callable[[str], str] = lambda s: s,
+) -> list[dict]:
     """Samples with the filled prompt truncated in the middle to ``max_len`` tokens (the whole
     filled prompt, as ``pred.py``), then ``render``-ed as one user message."""
     out = []
     for i, item in enumerate(items):
         text, n_before, cut = truncate_middle(tokenizer, build_prompt(item, cot), max_len)
-        out.append(dict(
-            id=f"longbench_v2/{item['_id']}", task=item.get("domain", "longbench_v2"), index=i,
-            input=render(text), answer_prefix="", outputs=item["answer"],
-            max_new_tokens=MAX_NEW_TOKENS_COT if cot else MAX_NEW_TOKENS,
-            difficulty=item["difficulty"], length_bucket=item["length"], cot=cot,
-            tokens_before_truncation=n_before, truncated=cut,
-        ))
+        out.append(
+            dict(
+                id=f"longbench_v2/{item['_id']}",
+                task=item.get("domain", "longbench_v2"),
+                index=i,
+                input=render(text),
+                answer_prefix="",
+                outputs=item["answer"],
+                max_new_tokens=MAX_NEW_TOKENS_COT if cot else MAX_NEW_TOKENS,
+                difficulty=item["difficulty"],
+                length_bucket=item["length"],
+                cot=cot,
+                tokens_before_truncation=n_before,
+                truncated=cut,
+            )
+        )
     return out
 
 
@@ -138,6 +173,7 @@ def aggregate(records: Sequence[dict], compensated: bool = False) -> dict:
     """Accuracy (x100) overall, by difficulty and by length, each with n and a 95% Wilson interval.
     ``records`` need ``judge`` (bool), ``pred``, ``difficulty`` and ``length`` (or
     ``length_bucket``); ``compensated`` counts an unparsable answer as 0.25 (``result.py``)."""
+
     def acc(r):
         return 0.25 if compensated and r.get("pred") is None else float(bool(r["judge"]))
 
@@ -150,8 +186,15 @@ def aggregate(records: Sequence[dict], compensated: bool = False) -> dict:
     out = {}
     for name in ("overall", *DIFFICULTIES, *LENGTHS):
         scores = groups.get(name, [])
-        ci = score_interval(scores) if scores else {"mean": float("nan"), "n": 0, "lo": float("nan"),
-                                                     "hi": float("nan")}
-        out[name] = {"accuracy": 100 * ci["mean"], "n": ci["n"], "lo": 100 * ci["lo"],
-                     "hi": 100 * ci["hi"]}
+        ci = (
+            score_interval(scores)
+            if scores
+            else {"mean": float("nan"), "n": 0, "lo": float("nan"), "hi": float("nan")}
+        )
+        out[name] = {
+            "accuracy": 100 * ci["mean"],
+            "n": ci["n"],
+            "lo": 100 * ci["lo"],
+            "hi": 100 * ci["hi"],
+        }
     return out

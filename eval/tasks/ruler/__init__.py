@@ -25,8 +25,9 @@ __all__ = ["GENERATOR_VERSION", "PromptFormat", "TASKS", "generate", "identity",
 GENERATOR_VERSION = 1  # bump when a generator's output changes: cached samples are then rebuilt
 
 
-def generate(task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42,
-             data: dict | None = None) -> list[dict]:
+def generate(
+    task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42, data: dict | None = None
+) -> list[dict]:
     """``n`` samples of ``task`` at ``length`` tokens. ``data`` may hold ``essays_dir``,
     ``squad``, ``hotpotqa`` and ``cwe_words`` paths (None: package data or the hub)."""
     data = dict(data or {})
@@ -45,11 +46,17 @@ def generate(task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42,
     out = []
     for s in raw:
         s = {k: v for k, v in s.items() if v is not None}
-        out.append(dict(
-            id=f"ruler/{task}/{length}/{seed}/{s['index']}", task=task, length=length, **s,
-            tokens_to_generate=fam.tokens_to_generate, metric=fam.metric,
-            total_tokens=s["prompt_tokens"] + fam.tokens_to_generate,
-        ))
+        out.append(
+            dict(
+                id=f"ruler/{task}/{length}/{seed}/{s['index']}",
+                task=task,
+                length=length,
+                **s,
+                tokens_to_generate=fam.tokens_to_generate,
+                metric=fam.metric,
+                total_tokens=s["prompt_tokens"] + fam.tokens_to_generate,
+            )
+        )
     return out
 
 
@@ -65,12 +72,27 @@ def _data_identity(task: str, data: dict) -> dict:
     return {}
 
 
-def load_samples(task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42,
-                 data: dict | None = None, cache_dir: str | Path | None = None) -> list[dict]:
+def load_samples(
+    task: str,
+    length: int,
+    fmt: PromptFormat,
+    n: int,
+    seed: int = 42,
+    data: dict | None = None,
+    cache_dir: str | Path | None = None,
+) -> list[dict]:
     """``generate`` through the sample cache (``cache_dir=None``: no cache)."""
     if task not in TASKS:
         raise KeyError(f"unknown RULER task {task!r}; known: {sorted(TASKS)}")
     data = dict(data or {})
-    key = dict(benchmark="ruler", task=task, length=int(length), tokenizer=fmt.identity(),
-               seed=int(seed), n=int(n), version=GENERATOR_VERSION, data=_data_identity(task, data))
+    key = dict(
+        benchmark="ruler",
+        task=task,
+        length=int(length),
+        tokenizer=fmt.identity(),
+        seed=int(seed),
+        n=int(n),
+        version=GENERATOR_VERSION,
+        data=_data_identity(task, data),
+    )
     return cached_samples(key, lambda: generate(task, length, fmt, n, seed, data), cache_dir)

@@ -8,7 +8,7 @@ import importlib.util
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +57,7 @@ class PromptFormat:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def fit_size(
-    n_tokens_for: Callable[[int], int], budget: int, lo: int, hi_guess: int
-) -> int:
+def fit_size(n_tokens_for: Callable[[int], int], budget: int, lo: int, hi_guess: int) -> int:
     """Largest haystack size ``n >= lo`` with ``n_tokens_for(n) <= budget`` (binary search, as
     RULER's generators do; ``lo`` if even that is too long)."""
     hi = max(hi_guess, 2 * lo)
@@ -76,8 +74,13 @@ def fit_size(
 
 
 def fit_sample(
-    make: Callable[[int], tuple[str, Any]], n_tokens: Callable[[str], int], n: int, budget: int,
-    step: int, what: str, min_size: int = 1,
+    make: Callable[[int], tuple[str, Any]],
+    n_tokens: Callable[[str], int],
+    n: int,
+    budget: int,
+    step: int,
+    what: str,
+    min_size: int = 1,
 ) -> tuple[str, Any, int, int]:
     """Draw a sample at size ``n``, backing off while it exceeds ``budget`` tokens (a draw can be
     longer than the one the size was fitted on). RULER backs off by its fitting step; we back off
@@ -107,12 +110,12 @@ def _package_dir(name: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-@lru_cache(maxsize=None)
+@cache
 def sorted_words(kind: str) -> tuple[str, ...]:
     return tuple(sorted(set(wonderwords_list(kind))))
 
 
-@lru_cache(maxsize=None)
+@cache
 def wonderwords_list(kind: str) -> tuple[str, ...]:
     """A word list shipped in PyPI ``wonderwords`` (``noun``, ``adjective`` or ``verb``), read from
     the package's asset files as RULER does."""

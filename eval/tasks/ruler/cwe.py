@@ -28,8 +28,9 @@ def _numbered(words: list[str]) -> str:
     return " ".join(f"{i + 1}. {w}" for i, w in enumerate(words))
 
 
-def _example(vocab: list[str], num_words: int, common: int, uncommon: int, num_cw: int,
-             rng: random.Random) -> tuple[str, list[str]]:
+def _example(
+    vocab: list[str], num_words: int, common: int, uncommon: int, num_cw: int, rng: random.Random
+) -> tuple[str, list[str]]:
     if num_words > len(vocab):
         raise ValueError(
             f"cwe needs {num_words} distinct words, the vocabulary has {len(vocab)}: set "
@@ -42,8 +43,9 @@ def _example(vocab: list[str], num_words: int, common: int, uncommon: int, num_c
     return _numbered(listing), chosen[:num_cw]
 
 
-def make_task_text(args: dict, length: int, num_words: int, vocab: list[str],
-                   rng: random.Random) -> tuple[str, list[str]]:
+def make_task_text(
+    args: dict, length: int, num_words: int, vocab: list[str], rng: random.Random
+) -> tuple[str, list[str]]:
     fam = FAMILIES["cwe"]
     if length < 4096:
         shot, main = (20, 3, 1), (num_words, 6, 1)
@@ -57,8 +59,9 @@ def make_task_text(args: dict, length: int, num_words: int, vocab: list[str],
     return "\n".join(shots) + "\n" + fam.template.format(context=ctx), answer
 
 
-def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
-             words_file: str | None = None) -> list[dict]:
+def generate(
+    args: dict, length: int, fmt: PromptFormat, n: int, seed: int, words_file: str | None = None
+) -> list[dict]:
     fam = FAMILIES["cwe"]
     budget = length - fam.tokens_to_generate
     vocab = vocabulary(words_file)
@@ -88,8 +91,17 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
             rng.setstate(state)
             return full(s, rng)
 
-        _, (task, answer), tok, used = fit_sample(make, fmt.n_tokens, size, budget, 10, "cwe",
-                                                  min_size=args["num_cw"] + 1)
-        samples.append(dict(index=index, input=fmt.render(task), answer_prefix=fam.answer_prefix,
-                            outputs=answer, prompt_tokens=tok, haystack_size=used))
+        _, (task, answer), tok, used = fit_sample(
+            make, fmt.n_tokens, size, budget, 10, "cwe", min_size=args["num_cw"] + 1
+        )
+        samples.append(
+            dict(
+                index=index,
+                input=fmt.render(task),
+                answer_prefix=fam.answer_prefix,
+                outputs=answer,
+                prompt_tokens=tok,
+                haystack_size=used,
+            )
+        )
     return samples

@@ -54,8 +54,12 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int) -> l
         return fmt.render(task) + fam.answer_prefix, (task, answer)
 
     step = max(budget // 32, 1)
-    size = fit_size(lambda s: fmt.n_tokens(full(s, random.Random(f"{seed}-fit"))[0]), budget,
-                    step, budget // args["coded_wordlen"])
+    size = fit_size(
+        lambda s: fmt.n_tokens(full(s, random.Random(f"{seed}-fit"))[0]),
+        budget,
+        step,
+        budget // args["coded_wordlen"],
+    )
     rng = random.Random(seed)
     samples = []
     for index in range(n):
@@ -66,6 +70,14 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int) -> l
             return full(s, rng)
 
         _, (task, answer), tok, used = fit_sample(make, fmt.n_tokens, size, budget, step, "fwe")
-        samples.append(dict(index=index, input=fmt.render(task), answer_prefix=fam.answer_prefix,
-                            outputs=answer, prompt_tokens=tok, haystack_size=used))
+        samples.append(
+            dict(
+                index=index,
+                input=fmt.render(task),
+                answer_prefix=fam.answer_prefix,
+                outputs=answer,
+                prompt_tokens=tok,
+                haystack_size=used,
+            )
+        )
     return samples

@@ -70,7 +70,9 @@ def make_task_text(args: dict, size: int, rng: random.Random, essays_dir: str | 
         if haystack == "noise":
             lines = [NOISE] * size
         elif haystack == "needle":
-            lines = [NEEDLE.format(type_needle_v=tv, key=draw(tk), value=draw(tv)) for _ in range(size)]
+            lines = [
+                NEEDLE.format(type_needle_v=tv, key=draw(tk), value=draw(tv)) for _ in range(size)
+            ]
         else:
             raise ValueError(f"unknown haystack {haystack!r}")
         where = sorted(rng.sample(range(size), len(needles)), reverse=True)
@@ -92,8 +94,9 @@ def make_task_text(args: dict, size: int, rng: random.Random, essays_dir: str | 
     return task_text, prefix.format(type_needle_v=type_v, query=query), answers, where
 
 
-def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
-             essays_dir: str | None = None) -> list[dict]:
+def generate(
+    args: dict, length: int, fmt: PromptFormat, n: int, seed: int, essays_dir: str | None = None
+) -> list[dict]:
     budget = length - FAMILIES["niah"].tokens_to_generate
     step = _STEP[args["type_haystack"]]
     if args["type_haystack"] != "essay" and length < 4096:
@@ -119,10 +122,16 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
 
         _, out, n_tok, used = fit_sample(make, fmt.n_tokens, size, budget, step, "niah")
         task_text, prefix, answers, where = out
-        samples.append(dict(
-            index=index, input=fmt.render(task_text), answer_prefix=prefix, outputs=answers,
-            prompt_tokens=n_tok, haystack_size=used,
-            needle_depths=where if args["type_haystack"] == "essay" else None,
-            needle_lines=where if args["type_haystack"] != "essay" else None,
-        ))
+        samples.append(
+            dict(
+                index=index,
+                input=fmt.render(task_text),
+                answer_prefix=prefix,
+                outputs=answers,
+                prompt_tokens=n_tok,
+                haystack_size=used,
+                needle_depths=where if args["type_haystack"] == "essay" else None,
+                needle_lines=where if args["type_haystack"] != "essay" else None,
+            )
+        )
     return samples

@@ -16,7 +16,8 @@ from .common import PromptFormat, fit_sample, fit_size
 from .templates import DOCUMENT, FAMILIES
 
 HOW_TO_GET = {
-    "squad": "SQuAD v2 dev: dev-v2.0.json from the SQuAD site (rajpurkar.github.io/SQuAD-explorer), "
+    "squad": "SQuAD v2 dev: dev-v2.0.json from the SQuAD site "
+    "(rajpurkar.github.io/SQuAD-explorer), "
     "then benchmark.data.squad=PATH (conf/local/), or `pip install datasets` with hub access "
     "(rajpurkar/squad_v2, validation)",
     "hotpotqa": "HotpotQA dev (distractor): hotpot_dev_distractor_v1.json from the HotpotQA site "
@@ -35,8 +36,14 @@ def _squad_from_articles(articles: list[dict]) -> tuple[list[dict], list[str]]:
             me = doc_id[p["context"]]
             for q in p["qas"]:
                 if not q.get("is_impossible", not q["answers"]):
-                    qas.append(dict(query=q["question"], outputs=[x["text"] for x in q["answers"]],
-                                    context=[me], more_context=[i for i in same_article if i != me]))
+                    qas.append(
+                        dict(
+                            query=q["question"],
+                            outputs=[x["text"] for x in q["answers"]],
+                            context=[me],
+                            more_context=[i for i in same_article if i != me],
+                        )
+                    )
     return qas, docs
 
 
@@ -46,9 +53,15 @@ def _hotpot_from_items(items: list[dict]) -> tuple[list[dict], list[str]]:
 
     docs = sorted({doc(t, s) for d in items for t, s in d["context"]})
     doc_id = {d: i for i, d in enumerate(docs)}
-    qas = [dict(query=d["question"], outputs=[d["answer"]],
-                context=[doc_id[doc(t, s)] for t, s in d["context"]], more_context=[])
-           for d in items]
+    qas = [
+        dict(
+            query=d["question"],
+            outputs=[d["answer"]],
+            context=[doc_id[doc(t, s)] for t, s in d["context"]],
+            more_context=[],
+        )
+        for d in items
+    ]
     return qas, docs
 
 
@@ -56,8 +69,10 @@ def _read_json(path: Path, dataset: str):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: line {e.lineno}: not valid JSON ({e.msg}); expected the "
-                         f"official {dataset} dev file") from e
+        raise ValueError(
+            f"{path}: line {e.lineno}: not valid JSON ({e.msg}); expected the "
+            f"official {dataset} dev file"
+        ) from e
 
 
 def load_qa(dataset: str, path: str | None = None) -> tuple[list[dict], list[str]]:
@@ -68,7 +83,9 @@ def load_qa(dataset: str, path: str | None = None) -> tuple[list[dict], list[str
             raise FileNotFoundError(f"{p} does not exist. {HOW_TO_GET[dataset]}")
         raw = _read_json(p, dataset)
         try:
-            return _squad_from_articles(raw["data"]) if dataset == "squad" else _hotpot_from_items(raw)
+            return (
+                _squad_from_articles(raw["data"]) if dataset == "squad" else _hotpot_from_items(raw)
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{p}: not in the official {dataset} format ({e!r})") from e
     return _from_hub(dataset)
@@ -78,24 +95,42 @@ def _from_hub(dataset: str):
     try:
         import datasets
     except ModuleNotFoundError as e:
-        raise FileNotFoundError(f"no local file and no `datasets` package. {HOW_TO_GET[dataset]}") from e
+        raise FileNotFoundError(
+            f"no local file and no `datasets` package. {HOW_TO_GET[dataset]}"
+        ) from e
     try:
         if dataset == "squad":
             rows = datasets.load_dataset("rajpurkar/squad_v2", split="validation")
             by_title: dict[str, dict] = {}
             for r in rows:
                 art = by_title.setdefault(r["title"], {"paragraphs": {}})
-                par = art["paragraphs"].setdefault(r["context"], {"context": r["context"], "qas": []})
-                par["qas"].append({"question": r["question"], "is_impossible": not r["answers"]["text"],
-                                   "answers": [{"text": t} for t in r["answers"]["text"]]})
-            return _squad_from_articles([{"paragraphs": list(a["paragraphs"].values())}
-                                         for a in by_title.values()])
+                par = art["paragraphs"].setdefault(
+                    r["context"], {"context": r["context"], "qas": []}
+                )
+                par["qas"].append(
+                    {
+                        "question": r["question"],
+                        "is_impossible": not r["answers"]["text"],
+                        "answers": [{"text": t} for t in r["answers"]["text"]],
+                    }
+                )
+            return _squad_from_articles(
+                [{"paragraphs": list(a["paragraphs"].values())} for a in by_title.values()]
+            )
         rows = datasets.load_dataset("hotpotqa/hotpot_qa", "distractor", split="validation")
-        items = [{"question": r["question"], "answer": r["answer"],
-                  "context": list(zip(r["context"]["title"], r["context"]["sentences"]))} for r in rows]
+        items = [
+            {
+                "question": r["question"],
+                "answer": r["answer"],
+                "context": list(zip(r["context"]["title"], r["context"]["sentences"])),
+            }
+            for r in rows
+        ]
         return _hotpot_from_items(items)
     except Exception as e:  # no hub access: say what to download
-        raise FileNotFoundError(f"could not load {dataset} from the hub ({e}). {HOW_TO_GET[dataset]}") from e
+        raise FileNotFoundError(
+            f"could not load {dataset} from the hub ({e}). {HOW_TO_GET[dataset]}"
+        ) from e
 
 
 def make_task_text(qa: dict, docs: list[str], num_docs: int, rng: random.Random) -> str:
@@ -114,8 +149,9 @@ def make_task_text(qa: dict, docs: list[str], num_docs: int, rng: random.Random)
     return FAMILIES["qa"].template.format(context=context, query=qa["query"])
 
 
-def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
-             path: str | None = None) -> list[dict]:
+def generate(
+    args: dict, length: int, fmt: PromptFormat, n: int, seed: int, path: str | None = None
+) -> list[dict]:
     fam = FAMILIES["qa"]
     qas, docs = load_qa(args["dataset"], path)
     if n > len(qas):
@@ -126,8 +162,12 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
         return fmt.render(make_task_text(qas[i], docs, size, rng)) + fam.answer_prefix
 
     probe = fmt.n_tokens(full(0, 10, random.Random(f"{seed}-fit")))
-    size = fit_size(lambda s: fmt.n_tokens(full(0, s, random.Random(f"{seed}-fit"))), budget, 10,
-                    int(budget * 10 / max(probe, 1)))
+    size = fit_size(
+        lambda s: fmt.n_tokens(full(0, s, random.Random(f"{seed}-fit"))),
+        budget,
+        10,
+        int(budget * 10 / max(probe, 1)),
+    )
     rng = random.Random(seed)
     samples = []
     for index in range(n):  # sample i asks question i, as RULER does
@@ -139,7 +179,14 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int,
             return text, text
 
         text, _, tok, used = fit_sample(make, fmt.n_tokens, size, budget, 10, args["dataset"])
-        samples.append(dict(index=index, input=text[: len(text) - len(fam.answer_prefix)],
-                            answer_prefix=fam.answer_prefix, outputs=qas[index]["outputs"],
-                            prompt_tokens=tok, haystack_size=used))
+        samples.append(
+            dict(
+                index=index,
+                input=text[: len(text) - len(fam.answer_prefix)],
+                answer_prefix=fam.answer_prefix,
+                outputs=qas[index]["outputs"],
+                prompt_tokens=tok,
+                haystack_size=used,
+            )
+        )
     return samples

@@ -55,8 +55,7 @@ FAMILIES: dict[str, FamilyTemplate] = {
         "most frequently appeared coded words. {context}\nQuestion: Do not provide any "
         "explanation. Please ignore the dots '....'. What are the three most frequently appeared "
         "words in the above coded text?",
-        " Answer: According to the coded text above, the three most frequently appeared words "
-        "are:",
+        " Answer: According to the coded text above, the three most frequently appeared words are:",
         50,
         "string_match_all",
     ),
@@ -81,8 +80,14 @@ class TaskSpec:
 def _niah(haystack: str, k: str, v: str, nk: int = 1, nv: int = 1, nq: int = 1) -> TaskSpec:
     return TaskSpec(
         "niah",
-        dict(type_haystack=haystack, type_needle_k=k, type_needle_v=v, num_needle_k=nk,
-             num_needle_v=nv, num_needle_q=nq),
+        dict(
+            type_haystack=haystack,
+            type_needle_k=k,
+            type_needle_v=v,
+            num_needle_k=nk,
+            num_needle_v=nv,
+            num_needle_q=nq,
+        ),
     )
 
 

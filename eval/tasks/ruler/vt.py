@@ -26,7 +26,9 @@ def _chains(rng: random.Random, num_chains: int, num_hops: int, icl: bool):
     for c in range(num_chains):
         v = names[c * (hops + 1) : (c + 1) * (hops + 1)]
         value = "12345" if icl else str(rng.randint(10000, 99999))
-        chains.append([f"VAR {v[0]} = {value}"] + [f"VAR {v[j + 1]} = VAR {v[j]} " for j in range(hops)])
+        chains.append(
+            [f"VAR {v[0]} = {value}"] + [f"VAR {v[j + 1]} = VAR {v[j]} " for j in range(hops)]
+        )
         all_vars.append(v)
     return all_vars, chains
 
@@ -49,6 +51,7 @@ def make_task_text(args: dict, size: int, rng: random.Random, icl: bool) -> tupl
 
 def _icl_example(args: dict, fmt: PromptFormat, seed: int) -> str:
     """RULER's one-shot example: template + answer prefix + answer, sized to 500 tokens."""
+
     def text_at(size: int) -> str:
         task, prefix, answer = make_task_text(args, size, random.Random(f"{seed}-icl"), icl=True)
         return task + prefix + " " + " ".join(answer) + "\n"
@@ -76,7 +79,9 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int) -> l
 
     probe = fmt.n_tokens(full(step, random.Random(f"{seed}-fit"))[0])
     guess = int(budget * step / max(probe, 1))
-    size = fit_size(lambda s: fmt.n_tokens(full(s, random.Random(f"{seed}-fit"))[0]), budget, step, guess)
+    size = fit_size(
+        lambda s: fmt.n_tokens(full(s, random.Random(f"{seed}-fit"))[0]), budget, step, guess
+    )
 
     rng = random.Random(seed)
     samples = []
@@ -87,7 +92,17 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int) -> l
             rng.setstate(state)
             return full(s, rng)
 
-        _, (task, prefix, answer), n_tok, used = fit_sample(make, fmt.n_tokens, size, budget, step, "vt")
-        samples.append(dict(index=index, input=fmt.render(task), answer_prefix=prefix,
-                            outputs=answer, prompt_tokens=n_tok, haystack_size=used))
+        _, (task, prefix, answer), n_tok, used = fit_sample(
+            make, fmt.n_tokens, size, budget, step, "vt"
+        )
+        samples.append(
+            dict(
+                index=index,
+                input=fmt.render(task),
+                answer_prefix=prefix,
+                outputs=answer,
+                prompt_tokens=n_tok,
+                haystack_size=used,
+            )
+        )
     return samples

@@ -1,0 +1,165 @@
+"""InfiniteBench: loaders read files in the official jsonl format, official prompts, middle
+truncation, per-task scoring, errors naming file and line, and the passkey-/number-style
+generators."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.tasks import infinitebench as ib
+from eval.tasks.common import truncate_middle
+from eval.tasks.ruler import PromptFormat
+
+CHAT = "<|user|>\n{}<|end|>\n<|assistant|>\n"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from test_ruler import bpe_tokenizer
+
+    return bpe_tokenizer()
+
+
+def _row(**kw):
+    row = {"id": 0, "context": "Some long context.", "input": "", "answer": ["x"], "options": []}
+    row.update(kw)
+    return row
+
+
+ROWS = {
+    "passkey": _row(
+        context="noise\nThe pass key is 12345.\nnoise",
+        input="What is the pass key?",
+        answer=["12345"],
+    ),
+    "number_string": _row(input="What is the sequence of digits?", answer=["0011223344"]),
+    "longbook_sum_eng": _row(answer=["A short summary of the book."]),
+    "longbook_qa_eng": _row(input="Who wins?", answer=["The fox", "fox"]),
+    "longbook_choice_eng": _row(
+        input="Who wins?", answer=["fox"], options=["dog", "cat", "fox", "cow"]
+    ),
+    "longdialogue_qa_eng": _row(context="JOHN: hi\n$$MASK$$: hello", answer=["MARY"]),
+    "longbook_qa_chn": _row(input="谁赢了？", answer=["狐狸"]),
+    "code_debug": _row(answer="func_b", options=["func_a", "func_b", "func_c", "func_d"]),
+    "math_find": _row(
+        context="[3, 9, 1]",
+        input="What is the largest number in the list? The largest number of the list is: ",
+        answer=[9],
+    ),
+}
+
+
+@pytest.fixture()
+def data_dir(tmp_path):
+    for name, row in ROWS.items():
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row, ensure_ascii=False) + "\n\n")
+    return tmp_path
+
+
+def test_every_paper_task_loads_prompts_and_scores(data_dir, tok):
+    right = {
+        "En.Sum": "A short summary of the book.",
+        "En.QA": "the fox",
+        "En.MC": "C",
+        "En.Dia": "MARY",
+        "Zh.QA": "狐狸",
+        "Code.Debug": "B. func_b",
+        "Math.Find": "9",
+        "Retr.PassKey": "12345.",
+        "Retr.Number": "0011223344",
+    }
+    for task in ib.PAPER_TASKS:
+        (row,) = ib.load(task, data_dir)
+        (s,) = ib.to_samples([row], task, tok, max_len=10_000, render=CHAT.format)
+        assert s["max_new_tokens"] == ib.MAX_NEW_TOKENS[ib.data_name(task)]
+        assert s["input"].startswith("<|user|>\n") and row["context"] in s["input"]
+        assert ib.score(task, right[task], s["outputs"]) == 1.0, task
+        assert ib.score(task, "", s["outputs"]) == 0.0, task
+
+
+def test_official_prompts():
+    passkey = ib.build_prompt(ROWS["passkey"], "passkey")
+    assert passkey == (
+        "There is an important info hidden inside a lot of irrelevant text. Find it "
+        "and memorize it. I will quiz you about the important information.\n\n"
+        "noise\nThe pass key is 12345.\nnoise\n\nWhat is the pass key?\n\n"
+        "The pass key is"
+    )
+    mc = ib.build_prompt(ROWS["longbook_choice_eng"], "longbook_choice_eng")
+    assert mc.endswith(
+        "Question: Who wins?\nA. dog\nB. cat\nC. fox\nD. cow\n\nThe letter of the correct answer is"
+    )
+    mf = ib.build_prompt(ROWS["math_find"], "math_find")
+    assert mf.startswith("What is the largest number in the following list?\n\n[3, 9, 1]\n\n")
+    gpt4 = ib.build_prompt(ROWS["longbook_qa_eng"], "longbook_qa_eng", "gpt4")
+    assert gpt4.endswith("Question: Who wins?\n\nBe very concise.")
+    assert ib.gold(ROWS["code_debug"], "code_debug") == ["func_b", "B"]
+    assert ib.gold(ROWS["longbook_choice_eng"], "longbook_choice_eng") == ["fox", "C"]
+    assert ib.gold({"answer": ["7"]}, "math_find") == 7  # hub rows hold strings
+
+
+def test_middle_truncation_keeps_both_ends(tok):
+    row = _row(
+        context=" ".join(f"w{i}" for i in range(3000)), input="What is the pass key?", answer=["1"]
+    )
+    (s,) = ib.to_samples([row], "Retr.PassKey", tok, max_len=301)
+    n = len(tok.encode(s["input"], add_special_tokens=False))
+    assert s["truncated"] and s["tokens_before_truncation"] > 301
+    assert abs(n - 301) <= 3  # decode + re-encode may merge a few tokens at the seam
+    assert s["input"].startswith("There is an important info") and s["input"].endswith(
+        "The pass key is"
+    )
+    text, before, cut = truncate_middle(tok, "short", 100)
+    assert (text, cut) == ("short", False)
+
+
+def test_truncation_rule_exact():
+    class Ids:  # token = character, to check which positions are kept
+        def encode(self, t, add_special_tokens=False):
+            return list(t)
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(ids)
+
+    assert truncate_middle(Ids(), "abcdefghij", 5)[0] == "abhij"  # first 5//2, last 5 - 5//2
+    assert truncate_middle(Ids(), "abcdefghij", 4)[0] == "abij"
+
+
+def test_malformed_file_names_file_and_line(tmp_path):
+    path = tmp_path / "passkey.jsonl"
+    path.write_text(json.dumps(ROWS["passkey"]) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"passkey.jsonl:2: not valid JSON"):
+        ib.load("Retr.PassKey", tmp_path)
+    path.write_text(
+        json.dumps(ROWS["passkey"]) + "\n" + json.dumps({"context": "x", "answer": ["1"]}) + "\n"
+    )
+    with pytest.raises(ValueError, match=r"passkey.jsonl:2: missing field 'input'"):
+        ib.load("Retr.PassKey", tmp_path)
+    bad = dict(ROWS["longbook_choice_eng"], answer=["zebra"])
+    (tmp_path / "longbook_choice_eng.jsonl").write_text(json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=r"longbook_choice_eng.jsonl:1: answer not usable"):
+        ib.load("En.MC", tmp_path)
+    with pytest.raises(FileNotFoundError, match="code_debug.jsonl"):
+        ib.load("Code.Debug", tmp_path)
+
+
+@pytest.mark.parametrize("task,digits", [("passkey-style", 5), ("number-style", 10)])
+def test_generated_retrieval(task, digits, tok):
+    fmt = PromptFormat(tok, render=CHAT.format, add_special_tokens=False)
+    samples = ib.generate_retrieval(task, 2048, fmt, n=5, seed=3)
+    name = ib.GENERATED_TASKS[task]
+    depths = [s["depth"] for s in samples]
+    assert depths == sorted(depths) and depths[0] == 0.0 and depths[-1] == 1.0
+    for s in samples:
+        (key,) = s["outputs"]
+        assert len(key) == digits and key.isdigit()
+        assert s["input"].count(key) == 2  # "... is {key}. Remember it. {key} is ..."
+        assert s["prompt_tokens"] + ib.MAX_NEW_TOKENS[name] <= 2048
+        assert s["prompt_tokens"] + ib.MAX_NEW_TOKENS[name] > 0.9 * 2048
+        assert s["id"].startswith(f"infinitebench/{task}/")
+        assert ib.score(task, f"{key}.", s["outputs"]) == 1.0
+    assert ib.generate_retrieval(task, 2048, fmt, n=5, seed=3) == samples
+    with pytest.raises(ValueError, match="generated"):
+        ib.load(task, "/nowhere")
