@@ -137,7 +137,8 @@ def make_task_text(qa: dict, docs: list[str], num_docs: int, rng: random.Random)
     gold, more = qa["context"], qa["more_context"]
     if num_docs < len(docs):
         if num_docs - len(gold) > len(more):
-            others = [i for i in range(len(docs)) if i not in set(gold + more)]
+            taken = set(gold + more)
+            others = [i for i in range(len(docs)) if i not in taken]
             chosen = gold + more + rng.sample(others, max(0, num_docs - len(gold) - len(more)))
         else:
             chosen = gold + rng.sample(more, max(0, num_docs - len(gold)))
