@@ -167,6 +167,11 @@ def test_cwe_counts(fmt):
     assert all(c == 1 for w, c in counts.items() if w not in s["outputs"])
 
 
+def test_too_short_raises(fmt):
+    with pytest.raises(ValueError, match="vt: even the smallest haystack"):
+        generate("vt", 512, fmt, n=1, seed=4)  # the one-shot example alone is ~500 tokens here
+
+
 def test_cwe_too_short_raises(fmt):
     with pytest.raises(ValueError, match="cwe: even the smallest haystack"):
         generate("cwe", 4096, fmt, n=1, seed=4)  # 30x repeats do not fit 4K of these tokens

@@ -94,6 +94,11 @@ def make_task_text(args: dict, size: int, rng: random.Random, essays_dir: str | 
     return task_text, prefix.format(type_needle_v=type_v, query=query), answers, where
 
 
+def where_needed(args: dict) -> range:
+    """One haystack line per needle at least (noise/needle haystacks place needles among lines)."""
+    return range(max(args["num_needle_k"], args["num_needle_q"]) * args["num_needle_v"])
+
+
 def generate(
     args: dict, length: int, fmt: PromptFormat, n: int, seed: int, essays_dir: str | None = None
 ) -> list[dict]:
@@ -120,7 +125,9 @@ def generate(
             out = make_task_text(args, s, rng, essays_dir)
             return fmt.render(out[0]) + out[1], out
 
-        _, out, n_tok, used = fit_sample(make, fmt.n_tokens, size, budget, step, "niah")
+        _, out, n_tok, used = fit_sample(
+            make, fmt.n_tokens, size, budget, step, "niah", min_size=len(where_needed(args))
+        )
         task_text, prefix, answers, where = out
         samples.append(
             dict(

@@ -93,7 +93,13 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int) -> l
             return full(s, rng)
 
         _, (task, prefix, answer), n_tok, used = fit_sample(
-            make, fmt.n_tokens, size, budget, step, "vt"
+            make,
+            fmt.n_tokens,
+            size,
+            budget,
+            step,
+            "vt",
+            min_size=args["num_chains"] * (args["num_hops"] + 1),
         )
         samples.append(
             dict(

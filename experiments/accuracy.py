@@ -1,0 +1,275 @@
+"""Task accuracy with a method as the prefill attention (paper Tables: RULER, InfiniteBench,
+LongBench v2), with every sample's prefill density.
+
+    python run.py kind=accuracy benchmark=ruler model=smollm2_135m method=s2o tau=0.01 S=256 \\
+        'benchmark.tasks=[niah_single_1,vt]' 'benchmark.lengths=[1024]' benchmark.n=3
+
+Every method sees the same samples (RULER's are generated once per tokenizer and cached,
+``eval/tasks/ruler``). Each sample: the prompt (the model's chat template for ``chat: true``
+models, RULER's plain ``base`` template otherwise, then the task's answer prefix) is prefilled
+with the method through ``s2o.hf.sparse_prefill`` and decoded densely and greedily up to the task's
+tokens to generate, EOS or a ``benchmark.stop`` string. Its line (id, task, length, prompt tokens,
+prediction, gold, score, density overall and per layer, prefill and decode time) is appended to
+``samples.jsonl`` as soon as it is scored; a rerun of the same job skips the ids already there (a
+line cut by a kill is dropped and redone). Code, data or config changes give another run id, so
+stale samples are never reused. The job's metrics hold one cell per (task, length): accuracy
+(x100) with its 95% interval (Wilson for 0/1 scores, bootstrap otherwise), mean density, n.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from eval import metrics, models
+from eval.significance import score_interval
+from eval.tasks import infinitebench as ib
+from eval.tasks import longbench_v2 as lb
+from eval.tasks import ruler
+from s2o.hf import sparse_prefill
+
+from .common import NOT_IDENTITY, ConfigError, JobContext, WandbLogger, run_identity
+
+
+def record_path(resolved: dict) -> Path:
+    """``results/accuracy/<benchmark>/<model>/<method>/<id>/record.json`` (samples beside it)."""
+    model = (resolved.get("model") or {}).get("name", "no_model")
+    rid = run_identity(resolved, NOT_IDENTITY)["id"]
+    root = Path(resolved["results_dir"]) / "accuracy" / resolved["benchmark"]["name"]
+    return root / model / resolved["method_name"] / rid / "record.json"
+
+
+def prompt_format(tokenizer, model_cfg: dict) -> ruler.PromptFormat:
+    """The model's chat template for instruct models (its text carries the special tokens),
+    RULER's ``base`` template (the text as is, the tokenizer adds BOS) otherwise."""
+    chat = bool(model_cfg.get("chat"))
+    return ruler.PromptFormat(
+        tokenizer,
+        render=lambda text: models.chat_prompt(tokenizer, text, model_cfg),
+        add_special_tokens=not chat,
+    )
+
+
+def build_samples(bench: dict, fmt: ruler.PromptFormat) -> list[dict]:
+    """Every sample of the job: ``id, task, length, prompt, gold, max_new_tokens`` + extras."""
+    name, n, seed, data = bench["name"], bench["n"], bench["seed"], dict(bench.get("data") or {})
+    out = []
+    if name == "ruler":
+        if n is None:
+            raise ConfigError("benchmark=ruler generates its samples: give benchmark.n=<int>")
+        for task in bench["tasks"]:
+            for length in bench["lengths"]:
+                for s in ruler.load_samples(task, length, fmt, n, seed, data, bench["cache_dir"]):
+                    out.append(_sample(s, s["input"] + s["answer_prefix"], s["tokens_to_generate"]))
+    elif name == "infinitebench":
+        for task in bench["tasks"]:
+            family = bench["prompt_family"]
+            if task in ib.GENERATED_TASKS:
+                if n is None:
+                    raise ConfigError(f"{task} is generated: give benchmark.n=<int>")
+                for length in bench["lengths"]:
+                    rows = ib.generate_retrieval(
+                        task, length, fmt, n, seed, family, bench["repeats"]
+                    )
+                    out += [_sample(s, s["input"], s["max_new_tokens"]) for s in rows]
+                continue
+            rows = ib.load(task, data.get("dir"), n)
+            for s in ib.to_samples(rows, task, fmt.tokenizer, bench["max_len"], family, fmt.render):
+                out.append(_sample(dict(s, length=None), s["input"], s["max_new_tokens"]))
+    elif name == "longbench_v2":
+        if bench.get("cot"):
+            raise ConfigError("benchmark.cot=true: the CoT answer turn is not run by kind=accuracy")
+        items = lb.load(data.get("path"), n)
+        for s in lb.to_samples(items, fmt.tokenizer, bench["max_len"], False, fmt.render):
+            out.append(_sample(dict(s, length=None), s["input"], s["max_new_tokens"]))
+    else:
+        raise ConfigError(
+            f"benchmark.name={name!r} is not one of ruler, infinitebench, longbench_v2"
+        )
+    return out
+
+
+def _sample(s: dict, prompt: str, max_new: int) -> dict:
+    keep = ("metric", "difficulty", "length_bucket")
+    return {"id": s["id"], "task": s["task"], "length": s.get("length"), "prompt": prompt,
+            "gold": s["outputs"], "max_new_tokens": int(max_new),
+            **{k: s[k] for k in keep if k in s}}  # fmt: skip
+
+
+def score(bench: str, sample: dict, prediction: str) -> tuple[float, dict]:
+    """The official metric of the sample's task, and extras for its line."""
+    if bench == "ruler":
+        return metrics.ruler_score(sample["metric"], prediction, sample["gold"]), {}
+    if bench == "infinitebench":
+        return ib.score(sample["task"], prediction, sample["gold"]), {}
+    judged = lb.judge(prediction, sample["gold"])
+    return float(judged["judge"]), {"pred": judged["pred"]}
+
+
+# ---------------------------------------------------------------- samples file, resumable
+
+
+def read_done(path: Path) -> dict[str, dict]:
+    """Lines already scored, by id. A last line cut by a kill is removed from the file (its sample
+    is redone); a malformed line elsewhere is an error naming the file and line."""
+    if not path.exists():
+        return {}
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    done, good_bytes = {}, 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            good_bytes += len(line) + 1
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:  # the unterminated tail a kill left
+                with path.open("r+b") as f:
+                    f.truncate(good_bytes)
+                break
+            raise ValueError(f"{path}:{i + 1}: malformed sample line ({e.msg})") from e
+        done[obj["id"]] = obj
+        good_bytes += len(line) + 1
+    return done
+
+
+def append_line(path: Path, obj: dict) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------- generation
+
+
+def generate_one(model, tokenizer, run, sample: dict, add_special: bool, stop: list[str],
+                 sync) -> dict:  # fmt: skip
+    """Prefill (the method, through ``run``) + greedy dense decode of one sample."""
+    ids = tokenizer(sample["prompt"], add_special_tokens=add_special, return_tensors="pt")
+    ids = ids["input_ids"].to(next(model.parameters()).device)
+    run.reset()
+    sync()
+    t0 = time.perf_counter()
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=sample["max_new_tokens"],
+        do_sample=False, num_beams=1, stop_strings=list(stop) or None,
+        tokenizer=tokenizer if stop else None,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+        else tokenizer.eos_token_id,
+    )  # fmt: skip
+    sync()
+    total_ms = (time.perf_counter() - t0) * 1e3
+    new = out[0, ids.shape[1] :]
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    for s in stop:  # generate stops after the stop string; the answer ends before it
+        text = text.split(s, 1)[0]
+    stats = run.stats.summary()
+    prefill_ms = stats["total_ms"]
+    return {
+        "prompt_tokens": int(ids.shape[1]), "new_tokens": int(new.numel()), "prediction": text,
+        "density": stats["density"], "density_per_layer": stats["density_per_layer"],
+        "prefill_ms": prefill_ms,
+        "decode_ms": None if prefill_ms is None else total_ms - prefill_ms,
+        "estimate_ms": stats["estimate_ms"],
+    }  # fmt: skip
+
+
+def cells(lines: list[dict]) -> list[dict]:
+    """One row per (task, length): accuracy x100 with its 95% interval, mean density, n."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in lines:
+        groups[(r["task"], r["length"])].append(r)
+    out = []
+    for (task, length), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        ci = score_interval([r["score"] for r in rows])
+        dens = [r["density"] for r in rows if r["density"] is not None]
+        out.append({
+            "task": task, "length": length, "n": ci["n"], "accuracy": 100 * ci["mean"],
+            "lo": 100 * ci["lo"], "hi": 100 * ci["hi"], "interval": ci["interval"],
+            "density": sum(dens) / len(dens) if dens else None,
+            "prefill_ms": _mean([r["prefill_ms"] for r in rows]),
+        })  # fmt: skip
+    return out
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
+             logger: WandbLogger | None = None) -> dict:  # fmt: skip
+    """Run (or resume) every sample of the job; ``model``/``tokenizer`` override the config's."""
+    bench, device = resolved["benchmark"], torch.device(resolved["device"])
+    if not resolved.get("model"):
+        raise ConfigError("kind=accuracy needs a model: model=smollm2_135m | gemma3_270m | ...")
+    model_cfg = models.normalize(resolved["model"])
+    if model is None:
+        model_cfg["dtype"] = resolved["dtype"]
+        model, tokenizer = models.load(model_cfg, device, seed=resolved["seed"])
+    if tokenizer is None:
+        raise ConfigError("kind=accuracy needs a tokenizer: pretrained weights, not random")
+    fmt = prompt_format(tokenizer, model_cfg)
+    samples = build_samples(bench, fmt)
+    samples_file.parent.mkdir(parents=True, exist_ok=True)
+    done = read_done(samples_file)
+    todo = [s for s in samples if s["id"] not in done]
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    method, knobs = resolved["method_name"], dict(resolved["method"])
+    stop = list(bench.get("stop") or [])
+    bar = tqdm(todo, desc=f"{bench['name']} {method}", disable=not resolved["progress"])
+    t0 = time.perf_counter()
+    with torch.inference_mode(), sparse_prefill(model, method, **knobs) as run:
+        for i, s in enumerate(bar):
+            gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
+            value, extra = score(bench["name"], s, gen["prediction"])
+            line = {"id": s["id"], "task": s["task"], "length": s["length"], **gen,
+                    "gold": s["gold"], "score": value, **extra,
+                    **{k: s[k] for k in ("difficulty", "length_bucket") if k in s}}  # fmt: skip
+            append_line(samples_file, line)
+            done[s["id"]] = line
+            rate = (i + 1) / max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix(samples_per_s=f"{rate:.2f}")
+            if logger is not None:
+                logger.log({"score": value, "density": gen["density"], "samples_per_s": rate}, i)
+    lines = [done[s["id"]] for s in samples]
+    out = {
+        "benchmark": bench["name"], "model": models.describe(model_cfg), "method": method,
+        "knobs": knobs, "n_samples": len(lines), "resumed": len(samples) - len(todo),
+        "samples_file": str(samples_file), "cells": cells(lines),
+        "template": "chat" if model_cfg.get("chat") else "base",
+    }  # fmt: skip
+    if bench["name"] == "longbench_v2":
+        out["longbench_v2"] = lb.aggregate(
+            [dict(r, judge=bool(r["score"]), pred=r.get("pred")) for r in lines]
+        )
+    return out
+
+
+def table(m: dict) -> str:
+    f = lambda x, s=".1f": "-" if x is None else format(x, s)
+    rows = [
+        f"{m['benchmark']} {m['model']} {m['method']} ({m['template']} template)",
+        f"{'task':<18}{'length':>8}{'n':>5}{'acc':>7}{'95% CI':>15}{'density':>9}",
+    ]
+    for c in m["cells"]:
+        ci = f"[{f(c['lo'])}, {f(c['hi'])}]"
+        rows.append(f"{c['task']:<18}{f(c['length'], 'd'):>8}{c['n']:>5}{f(c['accuracy']):>7}"
+                    f"{ci:>15}{f(c['density'], '.3f'):>9}")  # fmt: skip
+    return "\n".join(rows)
+
+
+def run(cfg, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:
+    if not resolved.get("benchmark"):
+        raise ConfigError("kind=accuracy needs benchmark=ruler | infinitebench | longbench_v2")
+    m = evaluate(resolved, record_path(resolved).with_name("samples.jsonl"), logger=logger)
+    print(table(m))
+    return m

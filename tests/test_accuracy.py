@@ -1,0 +1,98 @@
+"""kind=accuracy on a tiny random model: per-sample lines, cells with intervals, resume without
+repeating or losing a sample (a line cut by a kill included)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("wonderwords")
+
+from experiments import accuracy  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    from test_ruler import bpe_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = bpe_tokenizer()
+    cfg = AutoConfig.for_model(
+        "llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval(), tok
+
+
+def _resolved(tmp_path, method="s2o", n=2):
+    knobs = (
+        {"segment_len": 128, "tau": 0.3, "block_m": 32, "block_n": 32} if method == "s2o" else {}
+    )
+    bench = {"name": "ruler", "tasks": ["niah_single_1", "vt"], "lengths": [1024], "n": n,
+             "seed": 1, "max_len": None, "stop": [], "cache_dir": str(tmp_path / "cache"),
+             "data": {}}  # fmt: skip
+    return {"benchmark": bench, "device": "cpu", "dtype": "float32", "seed": 0,
+            "model": {"name": "tiny", "chat": False}, "method_name": method, "method": knobs,
+            "progress": False}  # fmt: skip
+
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_accuracy_lines_cells_and_resume(tmp_path, model_and_tokenizer, monkeypatch):
+    model, tok = model_and_tokenizer
+    out = tmp_path / "run" / "samples.jsonl"
+    m = accuracy.evaluate(_resolved(tmp_path), out, model, tok)
+    lines = _lines(out)
+    assert len(lines) == 4 and m["n_samples"] == 4 and m["resumed"] == 0
+    for r in lines:
+        assert {"id", "task", "length", "prompt_tokens", "prediction", "gold", "score", "density",
+                "density_per_layer", "prefill_ms", "decode_ms"} <= set(r)  # fmt: skip
+        assert r["length"] == 1024 and r["prompt_tokens"] <= 1024 and 0 <= r["density"] <= 1
+        assert set(r["density_per_layer"]) == {"0", "1"} or set(r["density_per_layer"]) == {0, 1}
+    assert [(c["task"], c["length"], c["n"]) for c in m["cells"]] == [
+        ("niah_single_1", 1024, 2), ("vt", 1024, 2)]  # fmt: skip
+    assert all(c["lo"] <= c["accuracy"] <= c["hi"] for c in m["cells"])
+
+    # a rerun repeats nothing
+    def fail(*a, **k):
+        raise AssertionError("a scored sample was generated again")
+
+    monkeypatch.setattr(accuracy, "generate_one", fail)
+    again = accuracy.evaluate(_resolved(tmp_path), out, model, tok)
+    assert again["resumed"] == 4 and again["cells"] == m["cells"]
+    monkeypatch.undo()
+
+    # a kill in the middle of the last line: that sample (only) is redone
+    text = out.read_text()
+    out.write_text(text[: len(text) - 20])
+    calls = []
+    real = accuracy.generate_one
+    monkeypatch.setattr(accuracy, "generate_one", lambda *a, **k: calls.append(1) or real(*a, **k))
+    accuracy.evaluate(_resolved(tmp_path), out, model, tok)
+    assert len(calls) == 1
+    assert [r["id"] for r in _lines(out)] == [r["id"] for r in lines]
+
+
+def test_same_samples_for_every_method(tmp_path, model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    a = accuracy.evaluate(_resolved(tmp_path, "full", 1), tmp_path / "a.jsonl", model, tok)
+    b = accuracy.evaluate(_resolved(tmp_path, "s2o", 1), tmp_path / "b.jsonl", model, tok)
+    la, lb_ = _lines(tmp_path / "a.jsonl"), _lines(tmp_path / "b.jsonl")
+    assert [(r["id"], r["gold"], r["prompt_tokens"]) for r in la] == [
+        (r["id"], r["gold"], r["prompt_tokens"]) for r in lb_]  # fmt: skip
+    assert all(r["density"] == pytest.approx(1.0) for r in la)
+    assert a["method"] == "full" and b["method"] == "s2o"
+
+
+def test_malformed_middle_line_names_file_and_line(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    path.write_text('{"id": "a"}\n{broken\n{"id": "c"}\n')
+    with pytest.raises(ValueError, match=r"samples.jsonl:2: malformed"):
+        accuracy.read_done(path)
