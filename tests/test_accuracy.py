@@ -96,3 +96,28 @@ def test_malformed_middle_line_names_file_and_line(tmp_path):
     path.write_text('{"id": "a"}\n{broken\n{"id": "c"}\n')
     with pytest.raises(ValueError, match=r"samples.jsonl:2: malformed"):
         accuracy.read_done(path)
+
+
+def test_benchmark_configs_build_their_samples(tmp_path, model_and_tokenizer):
+    from harness_util import compose
+    from omegaconf import OmegaConf
+
+    _, tok = model_and_tokenizer
+    fmt = accuracy.prompt_format(tok, {"name": "tiny", "chat": False})
+    item = {"_id": "x", "difficulty": "easy", "length": "short", "question": "Q?", "answer": "A",
+            "context": "text", **{f"choice_{c}": c.lower() for c in "ABCD"}}  # fmt: skip
+    (tmp_path / "data.json").write_text(json.dumps([item]))
+    overrides = {
+        "ruler": ["benchmark.tasks=[niah_single_1]", "benchmark.lengths=[1024]", "benchmark.n=1",
+                  f"benchmark.cache_dir={tmp_path}"],
+        "infinitebench": ["benchmark.tasks=[passkey-style,number-style]", "benchmark.n=2",
+                          "benchmark.lengths=[1024]"],
+        "longbench_v2": [f"benchmark.data.path={tmp_path / 'data.json'}"],
+    }  # fmt: skip
+    for name, extra in overrides.items():
+        bench = OmegaConf.to_container(
+            compose([f"benchmark={name}", *extra]).benchmark, resolve=True
+        )
+        samples = accuracy.build_samples(bench, fmt)
+        assert samples and all(s["prompt"] and s["max_new_tokens"] > 0 for s in samples), name
+        assert len({s["id"] for s in samples}) == len(samples)
