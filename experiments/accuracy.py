@@ -226,7 +226,7 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     method, knobs = resolved["method_name"], dict(resolved["method"])
     stop = list(bench.get("stop") or [])
     bar = tqdm(todo, desc=f"{bench['name']} {method}", disable=not resolved["progress"])
-    t0 = time.perf_counter()
+    t0, total = time.perf_counter(), 0.0
     with torch.inference_mode(), sparse_prefill(model, method, **knobs) as run:
         for i, s in enumerate(bar):
             gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
@@ -238,8 +238,10 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
             done[s["id"]] = line
             rate = (i + 1) / max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(samples_per_s=f"{rate:.2f}")
+            total += value
             if logger is not None:
-                logger.log({"score": value, "density": gen["density"], "samples_per_s": rate}, i)
+                logger.log({"score": value, "running_accuracy": 100 * total / (i + 1),
+                            "density": gen["density"], "samples_per_s": rate}, i)  # fmt: skip
     lines = [done[s["id"]] for s in samples]
     out = {
         "benchmark": bench["name"], "model": models.describe(model_cfg), "method": method,
