@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from experiments.common import (
-    NOT_IDENTITY,
+    NOT_E2E_IDENTITY,
     ConfigError,
     JobContext,
     WandbLogger,
@@ -37,7 +37,7 @@ from experiments.common import (
 )
 from experiments.provenance import code_revision
 
-KINDS = ("operator", "sweep", "matched", "e2e")
+KINDS = ("operator", "sweep", "matched", "e2e", "accuracy")
 
 
 def job_context(cfg: DictConfig) -> JobContext:
@@ -129,6 +129,10 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
         path = point_record_path(resolved)
     elif resolved["kind"] == "e2e":
         path = e2e_record_path(resolved)
+    elif resolved["kind"] == "accuracy":
+        from experiments.accuracy import record_path
+
+        path = record_path(resolved)
     else:
         path = experiment_record_path(resolved)
     done, how = reusable(resolved, path)
@@ -153,7 +157,7 @@ def e2e_record_path(resolved: dict):
     from pathlib import Path
 
     model = (resolved.get("model") or {}).get("name", "no_model")
-    rid = run_identity(resolved, NOT_IDENTITY)["id"]
+    rid = run_identity(resolved, NOT_E2E_IDENTITY)["id"]
     return (
         Path(resolved["results_dir"])
         / "e2e"

@@ -34,13 +34,13 @@ from eval.tasks import longbench_v2 as lb
 from eval.tasks import ruler
 from s2o.hf import sparse_prefill
 
-from .common import NOT_IDENTITY, ConfigError, JobContext, WandbLogger, run_identity
+from .common import NOT_ACCURACY_IDENTITY, ConfigError, JobContext, WandbLogger, run_identity
 
 
 def record_path(resolved: dict) -> Path:
     """``results/accuracy/<benchmark>/<model>/<method>/<id>/record.json`` (samples beside it)."""
     model = (resolved.get("model") or {}).get("name", "no_model")
-    rid = run_identity(resolved, NOT_IDENTITY)["id"]
+    rid = run_identity(resolved, NOT_ACCURACY_IDENTITY)["id"]
     root = Path(resolved["results_dir"]) / "accuracy" / resolved["benchmark"]["name"]
     return root / model / resolved["method_name"] / rid / "record.json"
 

@@ -32,9 +32,12 @@ NOT_IDENTITY = (
 )  # fmt: skip
 # An operator point is identified by its method knobs, so the top-level tau/S (interpolated into
 # them, ignored by other methods) and the sweep/matched blocks are left out as well.
-NOT_POINT_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched", "e2e")
-# A sweep or matched summary does not read the e2e block either.
-NOT_EXPERIMENT_IDENTITY = NOT_IDENTITY + ("e2e",)
+# Blocks one kind of job never reads stay out of its identity: an operator point is identified by
+# its method knobs (the top-level tau/S are interpolated into them, ignored by other methods).
+NOT_POINT_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched", "e2e", "benchmark")
+NOT_EXPERIMENT_IDENTITY = NOT_IDENTITY + ("e2e", "benchmark")
+NOT_E2E_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched", "benchmark")
+NOT_ACCURACY_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched", "e2e")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -210,7 +213,10 @@ def experiment_record_path(resolved: dict) -> Path:
 def _drop_for(resolved: dict) -> tuple[str, ...]:
     """The keys left out of the identity of a record of this kind (as its path function does)."""
     kind = resolved["kind"]
-    return {"operator": NOT_POINT_IDENTITY, "e2e": NOT_IDENTITY}.get(kind, NOT_EXPERIMENT_IDENTITY)
+    drops = {
+        "operator": NOT_POINT_IDENTITY, "e2e": NOT_E2E_IDENTITY, "accuracy": NOT_ACCURACY_IDENTITY
+    }  # fmt: skip
+    return drops.get(kind, NOT_EXPERIMENT_IDENTITY)
 
 
 def reusable(resolved: dict, path: Path) -> tuple[dict | None, str]:
