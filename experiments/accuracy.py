@@ -205,6 +205,19 @@ def _mean(xs: list) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+_LOADED: dict = {}
+
+
+def _load_once(model_cfg: dict, device: torch.device, seed: int):
+    """The model of this config, loaded once per process: the jobs of an in-process multirun
+    (``-m method=full,s2o,...``) share it (the plug-in restores it after every job)."""
+    key = json.dumps([model_cfg, str(device), seed], sort_keys=True, default=str)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = models.load(model_cfg, device, seed=seed)
+    return _LOADED[key]
+
+
 def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
              logger: WandbLogger | None = None) -> dict:  # fmt: skip
     """Run (or resume) every sample of the job; ``model``/``tokenizer`` override the config's."""
@@ -214,7 +227,7 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     model_cfg = models.normalize(resolved["model"])
     if model is None:
         model_cfg["dtype"] = resolved["dtype"]
-        model, tokenizer = models.load(model_cfg, device, seed=resolved["seed"])
+        model, tokenizer = _load_once(model_cfg, device, resolved["seed"])
     if tokenizer is None:
         raise ConfigError("kind=accuracy needs a tokenizer: pretrained weights, not random")
     fmt = prompt_format(tokenizer, model_cfg)
