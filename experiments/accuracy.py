@@ -179,6 +179,7 @@ def generate_one(model, tokenizer, run, sample: dict, add_special: bool, stop: l
         "prefill_ms": prefill_ms,
         "decode_ms": None if prefill_ms is None else total_ms - prefill_ms,
         "estimate_ms": stats["estimate_ms"],
+        **{k: stats[k] for k in ("mse", "rel_mse", "error_per_layer") if k in stats},
     }  # fmt: skip
 
 
@@ -196,6 +197,8 @@ def cells(lines: list[dict]) -> list[dict]:
             "lo": 100 * ci["lo"], "hi": 100 * ci["hi"], "interval": ci["interval"],
             "density": sum(dens) / len(dens) if dens else None,
             "prefill_ms": _mean([r["prefill_ms"] for r in rows]),
+            "mse": _mean([r.get("mse") for r in rows]),
+            "rel_mse": _mean([r.get("rel_mse") for r in rows]),
         })  # fmt: skip
     return out
 
@@ -240,7 +243,11 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     stop = list(bench.get("stop") or [])
     bar = tqdm(todo, desc=f"{bench['name']} {method}", disable=not resolved["progress"])
     t0, total = time.perf_counter(), 0.0
-    with torch.inference_mode(), sparse_prefill(model, method, **knobs) as run:
+    measure = bool(bench.get("measure_error", False))
+    with (
+        torch.inference_mode(),
+        sparse_prefill(model, method, measure_error=measure, **knobs) as run,
+    ):
         for i, s in enumerate(bar):
             gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
             value, extra = score(bench["name"], s, gen["prediction"])

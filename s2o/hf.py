@@ -81,6 +81,9 @@ class LayerStats:
         reason: why the layer ran dense (``None`` when sparse).
         density: ``[B, Hq]`` float64, computed tiles / dense causal tiles (``None`` when dense).
         estimate_ms, attention_ms: estimation (the method's plan) and attention time.
+        mse, rel_mse: with ``measure_error``, the layer's output error against dense attention
+            on the same Q/K/V (mean over batch, heads, rows, channels; relative: divided by the
+            mean square of the dense output); ``None`` otherwise.
     """
 
     layer: int
@@ -89,6 +92,8 @@ class LayerStats:
     density: torch.Tensor | None
     estimate_ms: float = 0.0
     attention_ms: float = 0.0
+    mse: float | None = None
+    rel_mse: float | None = None
     _marks: tuple = field(default=(), repr=False)
 
 
@@ -168,11 +173,22 @@ class PrefillStats:
             "density_per_layer": {
                 s.layer: float(s.density.mean()) for s in self.layers if s.sparse
             },
+            **self._errors(),
             "estimate_ms": self.estimate_ms,
             "sparse_attention_ms": self.sparse_attention_ms,
             "dense_attention_ms": self.dense_attention_ms,
             "rest_ms": self.rest_ms,
             "total_ms": self.total_ms,
+        }
+
+    def _errors(self) -> dict:
+        errs = [s for s in self.layers if s.sparse and s.mse is not None]
+        if not errs:
+            return {}
+        return {
+            "mse": sum(s.mse for s in errs) / len(errs),
+            "rel_mse": sum(s.rel_mse for s in errs) / len(errs),
+            "error_per_layer": {s.layer: {"mse": s.mse, "rel_mse": s.rel_mse} for s in errs},
         }
 
     def __str__(self) -> str:
@@ -216,9 +232,10 @@ class SparsePrefill:
 
     def __init__(
         self, model, method: BoundMethod, layers: list[int], min_len: int, timing: bool,
-        sliding: dict[int, int] | None = None,
+        sliding: dict[int, int] | None = None, measure_error: bool = False,
     ):  # fmt: skip
         self.model = model
+        self.measure_error = measure_error
         self.sliding = sliding or {}
         self.method = method
         self.layers = layers
@@ -248,6 +265,8 @@ class SparsePrefill:
                     t0, t1, t2 = s._marks
                     s.estimate_ms, s.attention_ms = self._clock.ms(t0, t1), self._clock.ms(t1, t2)
                     s._marks = ()
+                if isinstance(s.mse, torch.Tensor):
+                    s.mse, s.rel_mse = float(s.mse), float(s.rel_mse)
             if p._marks and p._marks[1] is not None:
                 p.total_ms, p._marks = self._clock.ms(*p._marks), ()
         return self.prefills
@@ -315,6 +334,8 @@ class SparsePrefill:
                 st.density_per_head.cpu(),
                 _marks=(t0, t1, t2) if self.timing else (),
             )
+            if self.measure_error:  # after the timed span: a dense pass on the same Q/K/V
+                stat.mse, stat.rel_mse = _error_vs_dense(query, key, value, o, scale)
         self._forward.layers.append(stat)
         return out
 
@@ -343,6 +364,16 @@ class SparsePrefill:
                 f"sparse_prefill: layer {layer} asks for attention dropout "
                 f"{kwargs['dropout']}; call model.eval() (the methods are inference-only)"
             )
+
+
+def _error_vs_dense(q, k, v, out, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mse, relative mse)`` of ``out`` against dense causal SDPA on the same inputs, as 0-dim
+    fp32 tensors (read at :meth:`SparsePrefill.finalize`, so no synchronization here)."""
+    from .methods.full import full_attention
+
+    ref = full_attention(q, k, v, scale=scale).float()
+    mse = (out.float() - ref).pow(2).mean()
+    return mse, mse / ref.pow(2).mean().clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def _attention_fn(module, query, key, value, attention_mask, **kwargs):
@@ -433,6 +464,10 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
             list of layer indices.
         min_len: prefills shorter than this many tokens stay dense (the stats say so).
         timing: record estimation/attention/forward times (CUDA events: no synchronization).
+        measure_error: also run dense attention on every sparse layer's Q/K/V (outside the timed
+            span) and record the layer's MSE and relative MSE against it (``run.stats.summary()``:
+            ``mse``, ``rel_mse``, ``error_per_layer``): operator error on the same points as the
+            accuracy and density.
         **knobs: the method's knobs, validated and bound once here (``ValueError`` names a bad one).
     Yields:
         a :class:`SparsePrefill`: ``run.stats`` is the last prefill's :class:`PrefillStats`.
@@ -441,15 +476,19 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
     """
 
     def __init__(
-        self, model, method: str, *, layers="full", min_len: int = 0, timing=True, **knobs
-    ):
+        self, model, method: str, *, layers="full", min_len: int = 0, timing: bool = True,
+        measure_error: bool = False, **knobs,
+    ):  # fmt: skip
         if isinstance(min_len, bool) or not isinstance(min_len, int) or min_len < 0:
             raise ValueError(f"min_len must be an int >= 0, got {min_len!r}")
         self.model = model
         self.bound = bind(method, **knobs)
         if self.bound.config.get("causal", True) is not True:
             raise ValueError("causal=False: a causal LM's prefill is causal; leave causal at True")
+        if not isinstance(measure_error, bool):
+            raise ValueError(f"measure_error must be a bool, got {measure_error!r}")
         self.layers_arg, self.min_len, self.timing = layers, min_len, bool(timing)
+        self.measure_error = measure_error
         self.run: SparsePrefill | None = None
 
     def __enter__(self) -> SparsePrefill:
@@ -466,7 +505,9 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
         sliding = sliding_layers(model, modules)
         layers = _select_layers(self.layers_arg, modules, sliding)
         register()
-        run = SparsePrefill(model, self.bound, layers, self.min_len, self.timing, sliding)
+        run = SparsePrefill(
+            model, self.bound, layers, self.min_len, self.timing, sliding, self.measure_error
+        )
         self._previous = model.config._attn_implementation
         self._hooks = [
             model.register_forward_pre_hook(_pre_forward(run), with_kwargs=True),

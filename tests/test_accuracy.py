@@ -121,3 +121,13 @@ def test_benchmark_configs_build_their_samples(tmp_path, model_and_tokenizer):
         samples = accuracy.build_samples(bench, fmt)
         assert samples and all(s["prompt"] and s["max_new_tokens"] > 0 for s in samples), name
         assert len({s["id"] for s in samples}) == len(samples)
+
+
+def test_measure_error_puts_operator_error_beside_each_score(tmp_path, model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    res = _resolved(tmp_path, "s2o", 1)
+    res["benchmark"]["measure_error"] = True
+    m = accuracy.evaluate(res, tmp_path / "e.jsonl", model, tok)
+    lines = _lines(tmp_path / "e.jsonl")
+    assert all(r["mse"] >= 0 and set(r["error_per_layer"]) in ({"0", "1"}, {0, 1}) for r in lines)
+    assert all(c["mse"] is not None for c in m["cells"])

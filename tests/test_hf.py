@@ -238,3 +238,20 @@ def test_real_smollm2_answers_through_the_plugin(tmp_path_factory):
         answers[method] = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         assert len(run.stats.sparse_layers) == 30
     assert "Paris" in answers["full"] and "Paris" in answers["s2o"], answers
+
+
+def test_measure_error_records_each_sparse_layer_against_dense():
+    model, ids = _tiny("llama"), _ids(192)
+    with torch.no_grad(), sparse_prefill(model, "s2o", measure_error=True, **KNOBS["s2o"]) as run:
+        model(ids)
+    st = run.stats.summary()
+    assert set(st["error_per_layer"]) == {0, 1}
+    assert st["mse"] > 0 and 0 < st["rel_mse"] < 1
+    with torch.no_grad(), sparse_prefill(model, "s2o", measure_error=True, tau=0.0, **SMALL) as run:
+        model(ids)
+    assert run.stats.summary()["mse"] < 1e-10  # tau <= 0 is dense attention
+    with torch.no_grad(), sparse_prefill(model, "s2o", **KNOBS["s2o"]) as run:
+        model(ids)
+    assert "mse" not in run.stats.summary()
+    with pytest.raises(ValueError, match="measure_error"):
+        sparse_prefill(model, "s2o", measure_error="yes")
