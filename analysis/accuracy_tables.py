@@ -1,0 +1,254 @@
+"""Accuracy tables (paper: InfiniteBench, RULER, LongBench v2) and the accuracy-vs-density figure
+from kind=accuracy records (reads records and their samples.jsonl only).
+
+    python analysis/accuracy_tables.py --root results/accuracy/ruler/gemma3_270m [--out T.md]
+    python analysis/accuracy_tables.py results/accuracy/ruler/.../record.json [...] [--fig F.png]
+
+Per benchmark and model, one markdown table per (task, length) cell plus a pooled ``all`` cell per
+length: one row per record (method, and the knobs that differ between its records), accuracy % with
+its 95% interval, mean prefill density and sparsity, n, and the paired comparison with the ``full``
+record on the same sample ids (McNemar's exact test for 0/1 scores, a paired bootstrap otherwise);
+differences with p >= 0.05 are marked "not significant". Where the model is the paper's, its number
+sits beside ours. The figure: accuracy (interval bars) against mean density, per cell, one series
+per method. Default outputs (git-ignored):
+``outputs/analysis/accuracy_<benchmark>_<model>.{md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from analysis.records import SCRATCH, paper_numbers
+from eval.significance import compare_paired, score_interval
+
+ORDER = ("full", "s2o", "flexprefill", "xattn", "pbs")  # rows and figure series, others after
+MAIN_KNOB = {"s2o": "tau", "flexprefill": "gamma", "xattn": "threshold", "pbs": "threshold"}
+PAPER_MODELS = {"llama31_8b": "Llama-3.1-8B", "qwen3_8b": "Qwen3-8B"}
+ALPHA = 0.05
+
+
+def load(path: Path) -> dict:
+    """An ok record with its sample lines (``_samples``, from ``samples.jsonl`` beside it)."""
+    rec = json.loads(Path(path).read_text())
+    if rec.get("status") != "ok" or rec.get("kind") != "accuracy":
+        raise SystemExit(f"{path}: not an ok kind=accuracy record ({rec.get('status')!r})")
+    lines = Path(path).with_name("samples.jsonl").read_text().splitlines()
+    rec["_path"], rec["_samples"] = str(path), {}
+    for i, line in enumerate(lines):
+        try:
+            s = json.loads(line)
+        except json.JSONDecodeError:  # the unterminated tail a kill left: not in the record
+            if i == len(lines) - 1:
+                break
+            raise
+        rec["_samples"][s["id"]] = s
+    counts = defaultdict(int)
+    for s in rec["_samples"].values():
+        counts[(s["task"], s["length"])] += 1
+    for c in rec["metrics"]["cells"]:  # the record's cells are made of these lines, or it is stale
+        got = counts[(c["task"], c["length"])]
+        if got != c["n"]:
+            raise SystemExit(f"{path}: samples.jsonl has {got} lines of {c['task']}@{c['length']}"
+                             f", the record says n={c['n']}")  # fmt: skip
+    return rec
+
+
+def find(root: Path) -> list[Path]:
+    return [p for p in sorted(Path(root).rglob("record.json"))
+            if json.loads(p.read_text()).get("status") == "ok"]  # fmt: skip
+
+
+def labels(recs: list[dict]) -> None:
+    """``_label``: the method, plus the knobs that differ between that method's records;
+    ``_series``: the same without the method's main knob (a sweep of it is one figure series)."""
+    by_method = defaultdict(list)
+    for r in recs:
+        by_method[r["method"]].append(r)
+    for method, rs in by_method.items():
+        keys = sorted({k for r in rs for k in r["metrics"]["knobs"]})
+        vary = [k for k in keys if len({json.dumps(r["metrics"]["knobs"].get(k)) for r in rs}) > 1]
+        for r in rs:
+            knobs = " ".join(f"{k}={r['metrics']['knobs'].get(k)}" for k in vary)
+            r["_label"] = f"{method} {knobs}".strip()
+            rest = " ".join(f"{k}={r['metrics']['knobs'].get(k)}" for k in vary
+                            if k != MAIN_KNOB.get(method))  # fmt: skip
+            r["_series"] = f"{method} {rest}".strip()
+        if len({r["_label"] for r in rs}) < len(rs):  # same knobs, other code or data
+            for r in rs:
+                r["_label"] += f" [{r['id'][:8]}]"
+
+
+def cell_keys(recs: list[dict]) -> list[tuple]:
+    """Every (task, length) of the records, then ``("all", length)`` per length."""
+    keys = {(s["task"], s["length"]) for r in recs for s in r["_samples"].values()}
+    lengths = sorted({k[1] for k in keys}, key=lambda x: x or 0)
+    return sorted(keys, key=lambda k: (k[1] or 0, k[0])) + [("all", n) for n in lengths]
+
+
+def cell(rec: dict, task: str, length) -> dict[str, dict]:
+    return {i: s for i, s in rec["_samples"].items()
+            if s["length"] == length and task in ("all", s["task"])}  # fmt: skip
+
+
+def row(rec: dict, task: str, length, ref: dict | None) -> dict | None:
+    """Accuracy % [95% interval], density, n, and the paired comparison with ``ref``."""
+    lines = cell(rec, task, length)
+    if not lines:
+        return None
+    ci = score_interval([s["score"] for s in lines.values()])
+    dens = [s["density"] for s in lines.values() if s["density"] is not None]
+    out = {"label": rec["_label"], "method": rec["method"], "n": ci["n"],
+           "acc": 100 * ci["mean"], "lo": 100 * ci["lo"], "hi": 100 * ci["hi"],
+           "density": sum(dens) / len(dens) if dens else None, "cmp": None,
+           "ref": rec is ref}  # fmt: skip
+    if ref is not None and ref is not rec:
+        ref_lines = cell(ref, task, length)
+        ids = sorted(set(lines) & set(ref_lines))
+        if ids:
+            a = [lines[i]["score"] for i in ids]
+            out["cmp"] = compare_paired(a, [ref_lines[i]["score"] for i in ids])
+    return out
+
+
+def _f(x, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _cmp_text(c: dict | None) -> list[str]:
+    if c is None:  # no full record, or no sample id shared with it
+        return ["-", "", ""]
+    diff = f"{100 * c['diff']:+.1f} (n={c['n']})"
+    p = f"p={c['p_value']:.3g}" if c["p_value"] > 0 else "p<1e-4"  # 10^4 bootstrap resamples
+    if c["test"] == "mcnemar_exact":
+        test = f"McNemar {c['n10']}/{c['n01']}, {p}"
+    else:
+        test = f"bootstrap [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}], {p}"
+    return [diff, test, "not significant" if c["p_value"] >= ALPHA else "significant"]
+
+
+def tables(recs: list[dict]) -> str:
+    """Markdown tables of one benchmark and model (every record of ``recs``)."""
+    bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
+    paper = paper_numbers()["accuracy"].get(bench, {})
+    random = recs[0]["config"]["model"].get("weights") == "random"
+    theirs = None if random else paper.get("models", {}).get(model)
+    fulls = sorted((r for r in recs if r["method"] == "full"),
+                   key=lambda r: r["environment"]["time"], reverse=True)  # fmt: skip
+    ref = fulls[0] if fulls else None
+    out = [f"## {bench}, {model} ({recs[0]['metrics']['model']})", ""]
+    papers = ", ".join(PAPER_MODELS.values())
+    out.append(f"Paper's numbers: {paper['cite']}." if theirs else
+               f"The model or its weights differ from the paper's ({papers}): no paper numbers "
+               "beside ours.")  # fmt: skip
+    out.append(f"Paired comparisons against `{ref['_label']}` ({ref['_path']}) on shared sample "
+               f"ids; not significant: p >= {ALPHA}." if ref else "No `full` record: no paired "
+               "comparisons.")  # fmt: skip
+    head = ["method", "acc % [95% CI]", "density", "sparsity", "n", "vs full (pts)",
+            "paired test", "at 0.05"]  # fmt: skip
+    head += ["paper acc %", "paper sparsity"] if theirs else []
+    for task, length in cell_keys(recs):
+        rows = [x for r in recs if (x := row(r, task, length, ref)) is not None]
+        rows.sort(key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"]))
+        small = " (n < 50)" if any(x["n"] < 50 for x in rows) else ""
+        out += ["", f"### {task}, length {_f(length, 'd')}{small}", "",
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+        for x in rows:
+            d = x["density"]
+            cols = [x["label"], f"{x['acc']:.1f} [{x['lo']:.1f}, {x['hi']:.1f}]", _f(d, ".3f"),
+                    _f(None if d is None else 1 - d, ".3f"), str(x["n"]),
+                    *(["(reference)", "", ""] if x["ref"] else _cmp_text(x["cmp"]))]  # fmt: skip
+            if theirs:
+                key = task if length is None else f"{task}@{length}"
+                p = theirs.get(x["method"], {}).get(key)
+                cols += [_f(p and p[0], ".1f"), _f(p and p[1], ".3f")]
+            out.append("| " + " | ".join(cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _rank(method: str) -> int:
+    return ORDER.index(method) if method in ORDER else len(ORDER)
+
+
+def figure(recs: list[dict], out: Path) -> Path:
+    """Accuracy (95% interval bars) vs mean density per (task, length); one series per method
+    and setting of its other knobs, its points the values of its main knob."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in cell_keys(recs) if k[0] != "all"]
+    ncol = min(4, len(keys))
+    nrow = -(-len(keys) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 3.0 * nrow), squeeze=False)
+    series = sorted({(_rank(r["method"]), r["_series"]) for r in recs})
+    handles = {}
+    for ax, (task, length) in zip(axes.flat, keys):
+        for i, (_, name) in enumerate(series):
+            pts = [x for r in recs if r["_series"] == name
+                   and (x := row(r, task, length, None)) and x["density"] is not None]  # fmt: skip
+            pts.sort(key=lambda x: x["density"])
+            if pts:
+                err = [[x["acc"] - x["lo"] for x in pts], [x["hi"] - x["acc"] for x in pts]]
+                handles[name] = ax.errorbar(
+                    [x["density"] for x in pts],
+                    [x["acc"] for x in pts],
+                    yerr=err,
+                    fmt="o-",
+                    ms=4,
+                    capsize=2,
+                    color=f"C{i}",
+                )
+        n = max(len(cell(r, task, length)) for r in recs)
+        ax.set_title(f"{task}, {_f(length, 'd')} (n={n})", fontsize=9)
+        ax.set_xlabel("mean prefill density")
+        ax.set_ylabel("accuracy %")
+        ax.set(xlim=(-0.03, 1.03), ylim=(-4, 104))
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(keys) :]:
+        ax.axis("off")
+    fig.legend(handles.values(), handles.keys(), loc="center left", bbox_to_anchor=(1, 0.5),
+               fontsize=8)  # fmt: skip
+    bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
+    fig.suptitle(f"{bench}, {model}: accuracy vs density (95% intervals)", fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("records", nargs="*", type=Path)
+    ap.add_argument("--root", type=Path, help="every ok record under this folder")
+    ap.add_argument(
+        "--out", type=Path, help="markdown file, - for stdout (default: outputs/analysis/)"
+    )
+    ap.add_argument("--fig", type=Path, help="PNG file (default under outputs/analysis/)")
+    args = ap.parse_args(argv)
+    paths = list(args.records) + (find(args.root) if args.root else [])
+    if not paths:
+        raise SystemExit("no records: give record paths or --root results/accuracy/<bench>/<model>")
+    groups = defaultdict(list)
+    for rec in map(load, paths):
+        groups[(rec["metrics"]["benchmark"], rec["config"]["model"]["name"])].append(rec)
+    if len(groups) > 1 and (args.out or args.fig):
+        raise SystemExit(f"--out/--fig take one benchmark and model, got {sorted(groups)}")
+    for (bench, model), recs in sorted(groups.items()):
+        labels(recs)
+        text, md = tables(recs), args.out or SCRATCH / f"accuracy_{bench}_{model}.md"
+        if str(md) == "-":
+            print(text)
+        else:
+            md.parent.mkdir(parents=True, exist_ok=True)
+            md.write_text(text)
+            print(md)
+        print(figure(recs, args.fig or SCRATCH / f"accuracy_{bench}_{model}.png"))
+
+
+if __name__ == "__main__":
+    main()

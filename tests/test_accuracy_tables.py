@@ -1,0 +1,121 @@
+"""analysis/accuracy_tables.py on hand-made kind=accuracy records: rows, paired comparisons (McNemar
+on a constructed 2x2, a paired bootstrap on fractional scores), the "not significant" flag, the
+paper's numbers beside ours, and a byte-identical figure."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pytest
+
+from analysis import accuracy_tables as at
+from experiments.accuracy import append_line, cells
+from experiments.common import write_record
+
+N = 20
+FULL = [1] * 10 + [0] * 10
+# s2o tau=0.01: 7 samples full gets right are lost, none gained (n10=0, n01=7): p = 2/2^7
+LOSSY = [0] * 7 + [1] * 3 + [0] * 10
+# s2o tau=0.1: 2 lost, 1 gained (n10=1, n01=2): p = 2 * (1 + 3) / 2^3 = 1
+CLOSE = [0] * 2 + [1] * 8 + [1] + [0] * 9
+
+
+def write(root, method: str, knobs: dict, scores: list, density: float, model="gemma3_270m",
+          length=1024, vt=None, time="2026-11-23T10:00:00+00:00"):  # fmt: skip
+    """A record + samples.jsonl as experiments/accuracy.py writes them (its own helpers)."""
+    rid = hashlib.sha1(json.dumps([method, knobs]).encode()).hexdigest()[:16]
+    folder = root / "accuracy" / "ruler" / model / method / rid
+    folder.mkdir(parents=True)
+    lines = []
+    for task, sc in (("niah_single_1", scores), ("vt", vt or [])):
+        for i, s in enumerate(sc):
+            line = {"id": f"ruler/{task}/{length}/42/{i}", "task": task, "length": length,
+                    "prompt_tokens": length - 30, "new_tokens": 5, "prediction": "x",
+                    "density": density, "density_per_layer": [density], "prefill_ms": 1.0,
+                    "decode_ms": 2.0, "estimate_ms": 0.1, "gold": ["x"], "score": s}  # fmt: skip
+            append_line(folder / "samples.jsonl", line)
+            lines.append(line)
+    metrics = {"benchmark": "ruler", "model": f"{model} weights", "method": method,
+               "knobs": knobs, "n_samples": len(lines), "resumed": 0,
+               "samples_file": str(folder / "samples.jsonl"), "cells": cells(lines),
+               "template": "base"}  # fmt: skip
+    rec = {"status": "ok", "id": rid, "kind": "accuracy", "method": method,
+           "config": {"model": {"name": model}, "benchmark": {"name": "ruler"}},
+           "identity": {"id": rid}, "environment": {"time": time}, "metrics": metrics,
+           "elapsed_s": 1.0}  # fmt: skip
+    write_record(folder / "record.json", rec)
+    return folder / "record.json"
+
+
+@pytest.fixture
+def root(tmp_path):
+    vt_full, vt_s2o = [1.0, 0.5, 1.0, 0.0] * 5, [0.5, 0.5, 1.0, 0.0] * 5
+    write(tmp_path, "full", {"backend": "auto"}, FULL, 1.0, vt=vt_full)
+    write(tmp_path, "s2o", {"tau": 0.01, "segment_len": 512}, LOSSY, 0.2, vt=vt_s2o)
+    write(tmp_path, "s2o", {"tau": 0.1, "segment_len": 512}, CLOSE, 0.4, vt=vt_s2o)
+    return tmp_path / "accuracy" / "ruler" / "gemma3_270m"
+
+
+def _rows(text: str, heading: str) -> dict[str, list[str]]:
+    block = text.split(heading, 1)[1].split("###", 1)[0]
+    rows = [[c.strip() for c in ln.strip()[1:-1].split("|")]
+            for ln in block.splitlines() if ln.startswith("| ")]  # fmt: skip
+    return {r[0]: r for r in rows[1:]}
+
+
+def test_table_rows_and_paired_comparisons(root, tmp_path):
+    out = tmp_path / "t.md"
+    at.main(["--root", str(root), "--out", str(out), "--fig", str(tmp_path / "f.png")])
+    text = out.read_text()
+    assert "differ from the paper's" in text
+    rows = _rows(text, "### niah_single_1, length 1024 (n < 50)")
+    assert list(rows) == ["full", "s2o tau=0.1", "s2o tau=0.01"], rows  # density descending
+    assert rows["full"][1:5] == ["50.0 [29.9, 70.1]", "1.000", "0.000", "20"], rows["full"]
+    assert rows["full"][5:] == ["(reference)", "", ""]
+    p_lossy = 2 / 2**7
+    assert rows["s2o tau=0.01"][5:] == [
+        "-35.0 (n=20)", f"McNemar 0/7, p={p_lossy:.3g}", "significant"]  # fmt: skip
+    assert rows["s2o tau=0.1"][5:] == ["-5.0 (n=20)", "McNemar 1/2, p=1", "not significant"]
+    vt = _rows(text, "### vt, length 1024")
+    assert vt["s2o tau=0.1"][6].startswith("bootstrap ["), vt
+    assert vt["s2o tau=0.1"][5] == "-12.5 (n=20)"
+    pooled = _rows(text, "### all, length 1024")
+    assert pooled["full"][4] == "40", pooled
+
+
+def test_mcnemar_p_on_the_constructed_table(root):
+    recs = [at.load(p) for p in at.find(root)]
+    at.labels(recs)
+    ref = next(r for r in recs if r["method"] == "full")
+    lossy = next(r for r in recs if r["_label"] == "s2o tau=0.01")
+    c = at.row(lossy, "niah_single_1", 1024, ref)["cmp"]
+    assert (c["test"], c["n10"], c["n01"]) == ("mcnemar_exact", 0, 7)
+    assert math.isclose(c["p_value"], 2 * math.comb(7, 0) / 2**7)
+
+
+def test_paper_numbers_beside_ours_for_the_papers_model(tmp_path):
+    write(tmp_path, "full", {}, FULL, 1.0, model="llama31_8b", length=8192)
+    out = tmp_path / "t.md"
+    at.main(["--root", str(tmp_path), "--out", str(out), "--fig", str(tmp_path / "f.png")])
+    text = out.read_text()
+    assert "tab:ruler_acc_sparsity" in text
+    assert _rows(text, "### all, length 8192")["full"][-2:] == ["91.5", "0.000"]
+    assert _rows(text, "### niah_single_1, length 8192")["full"][-2:] == ["-", "-"]
+
+
+def test_stale_samples_are_refused(root):
+    path = sorted(at.find(root))[0]
+    append_line(path.with_name("samples.jsonl"), {"id": "extra", "task": "vt", "length": 1024,
+                                                  "density": 1.0, "score": 1})  # fmt: skip
+    with pytest.raises(SystemExit, match="the record says n=20"):
+        at.load(path)
+
+
+def test_figure_is_deterministic(root, tmp_path):
+    recs = [at.load(p) for p in at.find(root)]
+    at.labels(recs)
+    a, b = at.figure(recs, tmp_path / "a.png"), at.figure(recs, tmp_path / "b.png")
+    assert a.stat().st_size > 5000
+    assert a.read_bytes() == b.read_bytes()
