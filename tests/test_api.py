@@ -155,3 +155,26 @@ def test_bind_validates_once_and_matches_sparse_attention():
         bind("s2o", taux=1)
     with pytest.raises(ValueError, match="method must be a str"):
         bind(["s2o"])
+
+
+@pytest.mark.interpreter
+def test_launch_knob_travels_in_the_bound_configuration():
+    """Launch settings are knobs of the bound method (no module state); the Triton path with
+    them equals the reference."""
+    from s2o.methods import bind
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, h, 160, 16) for h in (2, 1, 1))
+    knobs = dict(segment_len=64, block_m=32, block_n=32, tau=0.05)
+    ref, st_ref = bind("s2o", impl="reference", **knobs)(q, k, v)
+    bound = bind("s2o", impl="triton", launch={"pass2": {"num_warps": 2, "num_stages": 1}}, **knobs)
+    assert bound.knobs["launch"] == {"pass2": {"num_warps": 2, "num_stages": 1}}
+    out, st = bound(q, k, v)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(st.tiles_processed, st_ref.tiles_processed)
+    pbs = dict(block_size=32, segment_size=64)
+    ref_b, _ = bind("pbs", impl="reference", **pbs)(q, k, v)
+    out_b, _ = bind("pbs", impl="triton", launch={"num_warps": 2}, **pbs)(q, k, v)
+    torch.testing.assert_close(out_b, ref_b, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="launch.pass2.num_warps"):
+        bind("s2o", launch={"pass2": {"num_warps": 0}})

@@ -21,6 +21,7 @@ import torch
 from ..api import resolve_impl
 from ..stats import AttentionStats, _cdiv, dense_causal_tile_count
 from ..validation import check_choice, check_finite, check_power_of_two
+from .launch_knob import check_settings, to_launch
 from .registry import Method, register
 
 IMPLS = ("auto", "reference", "triton")
@@ -136,7 +137,9 @@ def reference_attention(
     return out
 
 
-def attend(q, k, v, plan: BlockPlan, *, scale, impl) -> tuple[torch.Tensor, AttentionStats]:
+def attend(
+    q, k, v, plan: BlockPlan, *, scale, impl, launch=None
+) -> tuple[torch.Tensor, AttentionStats]:
     """Run a plan with the reference or the shared Triton kernel; returns ``(out, stats)``."""
     if resolve_impl(impl, q.device) == "reference":
         out = reference_attention(q, k, v, plan, scale)
@@ -149,6 +152,7 @@ def attend(q, k, v, plan: BlockPlan, *, scale, impl) -> tuple[torch.Tensor, Atte
             q, k, v, plan.kv_idx, plan.kv_count,
             block_size=plan.block_size, scale=scale,
             key_perm=plan.key_perm, segment_size=plan.segment_size or None,
+            launch=to_launch(launch),
         )  # fmt: skip
     return out, plan_stats(plan, q.shape[2])
 
@@ -216,25 +220,31 @@ def check_fraction(name: str, value) -> float:
 def register_block_sparse(name, plan_fn, *, defaults, main_knob, check, plan_takes_impl=False):
     """Register a block-sparse method: ``estimate`` builds its plan, ``attend`` is shared.
 
-    ``plan_fn(q, k, **knobs) -> BlockPlan`` gets every knob but ``impl`` (unless
+    Every such method also takes ``launch`` (the block-sparse kernel's Triton launch settings,
+    ``{num_warps, num_stages, sub_n}``; ``None``: defaults for the head size and GPU).
+    ``plan_fn(q, k, **knobs) -> BlockPlan`` gets every knob but ``impl`` and ``launch`` (unless
     ``plan_takes_impl``, for estimators with a GPU kernel of their own). Raising the main knob
     (a cumulative-mass threshold or budget) keeps more blocks, so sparsity falls with it.
     """
 
-    def estimate(q, k, v, *, impl, **knobs):
+    def estimate(q, k, v, *, impl, launch, **knobs):
         extra = {"impl": impl} if plan_takes_impl else {}
         return finish_plan(plan_fn(q, k, **extra, **knobs), impl, q.device)
 
-    def attend_plan(q, k, v, plan, *, scale, impl, **_):
-        return attend(q, k, v, plan, scale=scale, impl=impl)
+    def attend_plan(q, k, v, plan, *, scale, impl, launch, **_):
+        return attend(q, k, v, plan, scale=scale, impl=impl, launch=launch)
+
+    def check_all(*, launch, **knobs):
+        check_settings("launch", launch)
+        check(**knobs)
 
     method = Method(
         name=name,
         estimate=estimate,
         attend=attend_plan,
-        defaults=defaults,
+        defaults={**defaults, "launch": None},
         main_knob=main_knob,
         sparsity_increases_with_knob=False,
-        check=check,
+        check=check_all,
     )
     return register(method)

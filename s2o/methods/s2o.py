@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..api import check_s2o_args, resolve_impl
 from ..reference import s2o_permutations, s2o_reference
 from ..validation import check_choice
+from .launch_knob import check_per_kernel, to_launch
 from .registry import Method, register
 
 DEFAULTS = {
@@ -21,10 +22,13 @@ DEFAULTS = {
     "walk_budget": None,
     "step1_sort": "chunks",
     "causal": True,
+    "launch": None,
 }
+LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
 
-def _check(*, impl, step1_sort, causal, **knobs):
+def _check(*, impl, step1_sort, causal, launch, **knobs):
+    check_per_kernel(launch, LAUNCH_KERNELS)
     check_choice("impl", impl, ("auto", "reference", "triton"))
     check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
     if not isinstance(causal, bool):
@@ -44,22 +48,26 @@ def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, *
     )  # fmt: skip
 
 
-def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, **knobs):
-    """Knobs as ``attend`` takes them: the effective ``q_perm`` (validated once) and a float tau."""
+def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, **knobs):
+    """Knobs as ``attend`` takes them: the effective ``q_perm`` (validated once), a float tau and
+    the Triton launch settings as ``{kernel: Launch}``."""
     use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, tau=tau, **knobs)
     return dict(
         knobs, variant=variant, q_perm=use_q_perm, tau=float(tau), step1_sort=step1_sort,
-        impl=impl, causal=causal,
+        impl=impl, causal=causal, launch=launch,
     )  # fmt: skip
 
 
-def _attend(q, k, v, perms, *, impl, variant, q_perm, step1_sort, **knobs):
+def _attend(q, k, v, perms, *, impl, variant, q_perm, step1_sort, launch, **knobs):
     """Pass-1 + Pass-2; the knobs come from ``_prepare`` (``q_perm`` already resolved)."""
     if resolve_impl(impl, q.device) == "reference":
         return s2o_reference(q, k, v, q_perm=q_perm, perms=perms, **knobs)
     from ..kernels import s2o_triton
 
-    return s2o_triton(q, k, v, variant=variant, q_perm=q_perm, perms=perms, **knobs)
+    settings = None if launch is None else {k_: to_launch(v_) for k_, v_ in launch.items()}
+    return s2o_triton(
+        q, k, v, variant=variant, q_perm=q_perm, perms=perms, launch=settings, **knobs
+    )
 
 
 S2O = register(
