@@ -4,8 +4,9 @@ the seeded random source, and the word and essay sources."""
 from __future__ import annotations
 
 import hashlib
+import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -97,6 +98,38 @@ def fit_sample(
                 "the target length is too short for this task and template"
             )
         n -= step
+
+
+def fitted_draws(
+    n: int,
+    seed: int,
+    build: Callable[[int, random.Random], tuple[str, Any]],
+    n_tokens: Callable[[str], int],
+    size: int,
+    budget: int,
+    step: int,
+    what: str,
+    min_size: int = 1,
+) -> Iterator[tuple[int, Any, int, int]]:
+    """``(index, extra, tokens, size)`` of ``n`` seeded samples: ``build(size, rng)`` gives the
+    text and its extra, drawn at ``size`` (backing off, :func:`fit_sample`). Every back-off of a
+    sample restarts from the same random state, so sample ``i`` does not depend on ``n``."""
+    rng = random.Random(seed)
+    for index in range(n):
+        state = rng.getstate()
+
+        def make(s: int, state=state):
+            rng.setstate(state)
+            return build(s, rng)
+
+        _, extra, tok, used = fit_sample(make, n_tokens, size, budget, step, what, min_size)
+        yield index, extra, tok, used
+
+
+def sample_dict(index: int, text: str, prefix: str, outputs, tok: int, used: int, **more) -> dict:
+    """One generated sample in the common layout (RULER's jsonl fields plus ours)."""
+    return dict(index=index, input=text, answer_prefix=prefix, outputs=outputs, prompt_tokens=tok,
+                haystack_size=used, **more)  # fmt: skip
 
 
 # ---------------------------------------------------------------- word and essay sources

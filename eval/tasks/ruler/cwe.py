@@ -8,7 +8,7 @@ import json
 import random
 from pathlib import Path
 
-from .common import PromptFormat, fit_sample, fit_size, sorted_words
+from .common import PromptFormat, fit_size, fitted_draws, sample_dict, sorted_words
 from .templates import FAMILIES
 
 
@@ -82,26 +82,9 @@ def generate(
     size = fit_size(n_tok, budget, args["num_cw"] + 1, min(guess, len(vocab)))
     if size == len(vocab):  # RULER switches to its larger word list here
         _example(vocab, len(vocab) + 1, 1, 1, 1, random.Random(0))  # raises with the hint
-    rng = random.Random(seed)
-    samples = []
-    for index in range(n):
-        state = rng.getstate()
-
-        def make(s: int, state=state):
-            rng.setstate(state)
-            return full(s, rng)
-
-        _, (task, answer), tok, used = fit_sample(
-            make, fmt.n_tokens, size, budget, 10, "cwe", min_size=args["num_cw"] + 1
-        )
-        samples.append(
-            dict(
-                index=index,
-                input=fmt.render(task),
-                answer_prefix=fam.answer_prefix,
-                outputs=answer,
-                prompt_tokens=tok,
-                haystack_size=used,
-            )
-        )
-    return samples
+    draws = fitted_draws(n, seed, full, fmt.n_tokens, size, budget, 10, "cwe",
+                         min_size=args["num_cw"] + 1)  # fmt: skip
+    return [
+        sample_dict(index, fmt.render(task), fam.answer_prefix, answer, tok, used)
+        for index, (task, answer), tok, used in draws
+    ]

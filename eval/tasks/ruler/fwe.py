@@ -8,7 +8,7 @@ import math
 import random
 import string
 
-from .common import PromptFormat, fit_sample, fit_size
+from .common import PromptFormat, fit_size, fitted_draws, sample_dict
 from .templates import FAMILIES
 
 
@@ -60,24 +60,8 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int) -> l
         step,
         budget // args["coded_wordlen"],
     )
-    rng = random.Random(seed)
-    samples = []
-    for index in range(n):
-        state = rng.getstate()
-
-        def make(s: int, state=state):
-            rng.setstate(state)
-            return full(s, rng)
-
-        _, (task, answer), tok, used = fit_sample(make, fmt.n_tokens, size, budget, step, "fwe")
-        samples.append(
-            dict(
-                index=index,
-                input=fmt.render(task),
-                answer_prefix=fam.answer_prefix,
-                outputs=answer,
-                prompt_tokens=tok,
-                haystack_size=used,
-            )
-        )
-    return samples
+    draws = fitted_draws(n, seed, full, fmt.n_tokens, size, budget, step, "fwe")
+    return [
+        sample_dict(index, fmt.render(task), fam.answer_prefix, answer, tok, used)
+        for index, (task, answer), tok, used in draws
+    ]

@@ -7,7 +7,15 @@ from __future__ import annotations
 import random
 import uuid
 
-from .common import PromptFormat, essay_words, fit_sample, fit_size, sorted_words, split_sentences
+from .common import (
+    PromptFormat,
+    essay_words,
+    fit_size,
+    fitted_draws,
+    sample_dict,
+    sorted_words,
+    split_sentences,
+)
 from .templates import DEPTHS, FAMILIES, NEEDLE, NOISE
 
 # haystack unit per fitting step: essay words, or lines (noise sentences, distractor needles)
@@ -115,30 +123,23 @@ def generate(
     guess = int(budget / max(probe_tokens / step, 1e-9))
     size = fit_size(lambda s: tokens_at(s, random.Random(f"{seed}-fit"))[0], budget, step, guess)
 
-    rng = random.Random(seed)
-    samples = []
-    for index in range(n):
-        state = rng.getstate()
+    def build(s: int, rng: random.Random):
+        out = make_task_text(args, s, rng, essays_dir)
+        return fmt.render(out[0]) + out[1], out
 
-        def make(s: int, state=state):
-            rng.setstate(state)
-            out = make_task_text(args, s, rng, essays_dir)
-            return fmt.render(out[0]) + out[1], out
-
-        _, out, n_tok, used = fit_sample(
-            make, fmt.n_tokens, size, budget, step, "niah", min_size=len(where_needed(args))
-        )
-        task_text, prefix, answers, where = out
-        samples.append(
-            dict(
-                index=index,
-                input=fmt.render(task_text),
-                answer_prefix=prefix,
-                outputs=answers,
-                prompt_tokens=n_tok,
-                haystack_size=used,
-                needle_depths=where if args["type_haystack"] == "essay" else None,
-                needle_lines=where if args["type_haystack"] != "essay" else None,
-            )
-        )
-    return samples
+    essay = args["type_haystack"] == "essay"
+    draws = fitted_draws(n, seed, build, fmt.n_tokens, size, budget, step, "niah",
+                         min_size=len(where_needed(args)))  # fmt: skip
+    return [
+        sample_dict(
+            index,
+            fmt.render(task_text),
+            prefix,
+            answers,
+            tok,
+            used,
+            needle_depths=where if essay else None,
+            needle_lines=None if essay else where,
+        )  # fmt: skip
+        for index, (task_text, prefix, answers, where), tok, used in draws
+    ]

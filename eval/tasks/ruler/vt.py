@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import string
 
-from .common import PromptFormat, fit_sample, fit_size
+from .common import PromptFormat, fit_size, fitted_draws, sample_dict
 from .templates import FAMILIES, NOISE
 
 _ICL_LENGTH = 500  # the one-shot example is fitted to 500 tokens (no model template, no answer)
@@ -83,32 +83,9 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int) -> l
         lambda s: fmt.n_tokens(full(s, random.Random(f"{seed}-fit"))[0]), budget, step, guess
     )
 
-    rng = random.Random(seed)
-    samples = []
-    for index in range(n):
-        state = rng.getstate()
-
-        def make(s: int, state=state):
-            rng.setstate(state)
-            return full(s, rng)
-
-        _, (task, prefix, answer), n_tok, used = fit_sample(
-            make,
-            fmt.n_tokens,
-            size,
-            budget,
-            step,
-            "vt",
-            min_size=args["num_chains"] * (args["num_hops"] + 1),
-        )
-        samples.append(
-            dict(
-                index=index,
-                input=fmt.render(task),
-                answer_prefix=prefix,
-                outputs=answer,
-                prompt_tokens=n_tok,
-                haystack_size=used,
-            )
-        )
-    return samples
+    draws = fitted_draws(n, seed, full, fmt.n_tokens, size, budget, step, "vt",
+                         min_size=args["num_chains"] * (args["num_hops"] + 1))  # fmt: skip
+    return [
+        sample_dict(index, fmt.render(task), prefix, answer, tok, used)
+        for index, (task, prefix, answer), tok, used in draws
+    ]
