@@ -91,17 +91,9 @@ def choice_match(pred: str, label: list[str]) -> float:
         return float(pred[0] in label)
     if pred in label:
         return 1.0
-    for c in ["\n", '"', "'", ".", ",", "?", "!", "{", "}"]:
-        pred = pred.replace(c, " ")
-    while "  " in pred:
-        pred = pred.replace("  ", " ")
-    for prefix in ["answer is:", "answer:", "answer is", "option is"]:
-        idx = pred.find(prefix)
-        if idx == -1:
-            continue
-        if len(pred) < idx + len(prefix) + 1:
-            return 0.0
-        after = pred[idx + len(prefix) + 1 :]
+    pred = _blank_out(pred, ["\n", '"', "'", ".", ",", "?", "!", "{", "}"])
+    after = _after_first_prefix(pred, ["answer is:", "answer:", "answer is", "option is"])
+    if after is not None:
         return float(any(after.startswith(s) for s in label))
     for word in pred.split():
         if word in "ABCD":
@@ -117,19 +109,31 @@ def code_debug_match(pred: str, label: list[str]) -> float:
     fn_name, letter = label[0], label[1]
     if pred[:2] in (f"{letter}.", f"{letter}:"):
         return 1.0
-    for c in ["\n", "`", "'", '"', "-", "*", "Option", "option"]:
+    pred = _blank_out(pred, ["\n", "`", "'", '"', "-", "*", "Option", "option"])
+    after = _after_first_prefix(pred, ["answer is:", "is:", "answer:", "correct option is:"])
+    if after is None:
+        return 0.0
+    return float(after.startswith(letter) or after.startswith(fn_name))
+
+
+def _blank_out(pred: str, chars: list[str]) -> str:
+    """``pred`` with each of ``chars`` replaced by a space and runs of spaces squeezed."""
+    for c in chars:
         pred = pred.replace(c, " ")
     while "  " in pred:
         pred = pred.replace("  ", " ")
-    for prefix in ["answer is:", "is:", "answer:", "correct option is:"]:
+    return pred
+
+
+def _after_first_prefix(pred: str, prefixes: list[str]) -> str | None:
+    """The text after the first of ``prefixes`` (in list order) found in ``pred`` and the one
+    character after it (official scorers skip it); ``""`` if nothing follows; ``None`` if no
+    prefix occurs."""
+    for prefix in prefixes:
         idx = pred.find(prefix)
-        if idx == -1:
-            continue
-        if len(pred) < idx + len(prefix) + 1:
-            return 0.0
-        after = pred[idx + len(prefix) + 1 :]
-        return float(after.startswith(letter) or after.startswith(fn_name))
-    return 0.0
+        if idx != -1:
+            return pred[idx + len(prefix) + 1 :]
+    return None
 
 
 def code_run_match(pred: str, label) -> float:
