@@ -4,9 +4,10 @@
     python analysis/pin.py --latest         # re-pin: the newest ok record of every experiment
     python analysis/pin.py hparams_tau=experiments/hparams_tau/<id>/record.json   # re-pin one
 
-The pins live in ``results/manifest.yaml`` (paths relative to ``--results``). This is the one
-analysis command that writes tracked files: the manifest (when re-pinning) and
-``results/figures/ablations.md`` and ``results/figures/fig4a_mse_vs_sparsity.png``.
+The pins live in ``results/manifest.yaml`` (paths relative to ``--results``): ``experiments:`` (the
+harness's sweep/matched records, re-pinned here) and ``records:`` (benchmark, time-to-first-token
+and capture records, edited by hand). Re-pinning keeps ``records:`` as it is. Then it rebuilds
+every artifact with ``analysis/make_all.py`` (``results/figures/``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import ablation_tables, plot_mse_vs_sparsity
+from analysis import make_all
 from analysis.records import MANIFEST, latest
 
 EXPERIMENTS = ("hparams_tau", "hparams_S", "component_ablation", "fig4a_mse_vs_sparsity")
@@ -27,7 +28,9 @@ HEADER = """\
 # experiment, a dry run or an analysis script changes no published file. Re-pin explicitly:
 #   python analysis/pin.py --latest            # the newest ok record of each experiment
 #   python analysis/pin.py hparams_tau=experiments/hparams_tau/<id>/record.json
-# pin.py rewrites this file and rebuilds results/figures/ablations.md and fig4a_mse_vs_sparsity.png.
+# `records:` pins the benchmark, time-to-first-token and capture records (edit by hand).
+# pin.py rewrites this file (keeping `records:`); `python analysis/make_all.py` rebuilds
+# results/figures/ (every table and figure, and its README.md) from these pins.
 """
 
 
@@ -61,14 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     pins = (current or {}).get("experiments") or {}
     if args.latest or args.pins:
         pins = repin(args.results, pins, args.latest, args.pins)
-        body = yaml.safe_dump({"experiments": pins}, sort_keys=False)
+        body = yaml.safe_dump({**(current or {}), "experiments": pins}, sort_keys=False)
         path.write_text(HEADER + body)
         print(f"pinned: {path}")
-    figures = args.results / "figures"
-    ablation_tables.main(["--results", str(args.results), "--out", str(figures / "ablations.md")])
-    if "fig4a_mse_vs_sparsity" in pins:
-        out = figures / "fig4a_mse_vs_sparsity.png"
-        plot_mse_vs_sparsity.main(["--results", str(args.results), "--out", str(out)])
+    make_all.main(["--results", str(args.results)])
 
 
 if __name__ == "__main__":

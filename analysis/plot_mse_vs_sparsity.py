@@ -15,15 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from analysis.plotting import save, setup
 from analysis.records import SCRATCH, describe, record_for
 
 
 def plot(rec: dict, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = setup()
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     for name, r in rec["metrics"]["methods"].items():
         if r["status"] != "ok":
@@ -42,9 +39,7 @@ def plot(rec: dict, out: Path) -> Path:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
+    save(fig, out)
     return out
 
 
