@@ -21,7 +21,10 @@ import yaml
 from analysis import make_all
 from analysis.records import MANIFEST, latest
 
-EXPERIMENTS = ("hparams_tau", "hparams_S", "component_ablation", "fig4a_mse_vs_sparsity")
+EXPERIMENTS = (
+    "hparams_tau", "hparams_S", "component_ablation", "fig4a_mse_vs_sparsity",
+    "calibration_check_real", "calibration_check_calibrated", "calibration_check_default",
+)  # fmt: skip
 HEADER = """\
 # The records behind the published tables and figures in results/figures/ (paths relative to
 # results/). The analysis scripts read these records, never "the newest record": running an

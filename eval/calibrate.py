@@ -1,0 +1,253 @@
+"""Fit the synthetic generator's knobs to statistics of real captured attention.
+
+    PYTHONPATH=. S2O_CACHE=cache python -m eval.calibrate --model smollm2_135m --L 4096 \
+        --out conf/data/synthetic_calibrated.yaml --record results/captures/calibration_fit.json
+
+Statistics of one head's causal attention (``attention_stats``), over the rows of the second half
+(every ``row_step``-th row; those rows see every key of the first half):
+
+* ``sink``: mean probability of key 0 (the attention sink);
+* ``heavy``: mean mass on the ``n_heavy`` keys of the first half (past the local band) with the
+  largest mean probability, key 0 excluded (vertical stripes, heavy hitters);
+* ``local``: mean mass on the last ``LOCAL`` keys before and at the query (slash locality);
+* ``background_std``: mean over rows of the standard deviation of the logits ``q.k/sqrt(D)`` of the
+  remaining keys (not the sink, heavy or local ones): the spread of the diffuse background;
+* ``row_spread``: standard deviation over rows of ``log mean exp`` of those logits: how much some
+  queries score higher than others overall (horizontal stripes, row sharpness).
+
+The target is the median of each statistic over the captured heads (a model's layers and heads
+differ a lot: the record keeps every head). The fit minimizes the squared log-ratio of the five
+statistics of the generator (``eval/synthetic.py``, at the capture's L and head_dim) against the
+target over its five strength knobs (``sink``, ``heavy``, ``slash``, ``background``,
+``horizontal``; ``n_heavy``, ``n_slash``, ``key_mean``, ``frac_horizontal`` stay at their
+defaults), with Nelder-Mead on the log of the knobs. It writes a ``conf/data/`` file (the paper's
+shape: 32 query / 8 KV heads, head_dim 128, 128K; the knobs are in logit units, so they carry over
+across head_dim) and a record with the targets, every head's statistics, the fit's trace and the
+fitted statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from .synthetic import SyntheticSpec, synthetic_qkv
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL = 64
+STATS = ("sink", "heavy", "local", "background_std", "row_spread")
+KNOBS = ("sink", "heavy", "slash", "background", "horizontal")
+BOUNDS = {"sink": (0.5, 40.0), "heavy": (0.1, 30.0), "slash": (0.1, 30.0),
+          "background": (0.02, 8.0), "horizontal": (0.01, 8.0)}  # fmt: skip
+
+
+@torch.no_grad()
+def attention_stats(q: torch.Tensor, k: torch.Tensor, n_heavy: int = 16, row_step: int = 4):
+    """The five statistics of one head, ``q [L, D]``, ``k [L, D]`` (post-RoPE), as floats."""
+    L = q.shape[0]
+    rows = torch.arange(L // 2, L, row_step)
+    s = (q[rows].double() @ k.double().T) / math.sqrt(q.shape[-1])  # [R, L]
+    cols = torch.arange(L)
+    causal = cols[None, :] <= rows[:, None]
+    s = s.masked_fill(~causal, float("-inf"))
+    p = s.softmax(dim=-1)
+    local = causal & (cols[None, :] > rows[:, None] - LOCAL)
+    first = torch.zeros(L, dtype=torch.bool)
+    first[1 : L // 2 - LOCAL] = True
+    col_mass = p[:, first].mean(dim=0)
+    heavy_cols = torch.nonzero(first).flatten()[col_mass.topk(n_heavy).indices]
+    heavy = torch.zeros(L, dtype=torch.bool)
+    heavy[heavy_cols] = True
+    rest = causal & ~local & ~heavy[None, :]
+    rest[:, 0] = False
+    x = s.masked_fill(~rest, float("nan"))
+    n = rest.sum(dim=-1)
+    mean = torch.nanmean(x, dim=-1)
+    std = torch.sqrt(torch.nanmean((x - mean[:, None]) ** 2, dim=-1))
+    lme = torch.logsumexp(s.masked_fill(~rest, float("-inf")), dim=-1) - torch.log(n.double())
+    return {
+        "sink": float(p[:, 0].mean()),
+        "heavy": float(p[:, heavy].sum(dim=-1).mean()),
+        "local": float((p * local).sum(dim=-1).mean()),
+        "background_std": float(std.mean()),
+        "row_spread": float(lme.std()),
+    }
+
+
+def layer_stats(q: torch.Tensor, k: torch.Tensor, **kw) -> list[dict]:
+    """Statistics of every query head of ``q [1, Hq, L, D]``, ``k [1, Hkv, L, D]``."""
+    group = q.shape[1] // k.shape[1]
+    return [attention_stats(q[0, h], k[0, h // group], **kw) for h in range(q.shape[1])]
+
+
+def median_stats(per_head: list[dict]) -> dict:
+    return {s: float(torch.tensor([h[s] for h in per_head]).median()) for s in STATS}
+
+
+def loss(stats: dict, target: dict) -> float:
+    eps = 1e-3
+    return sum(math.log((stats[s] + eps) / (target[s] + eps)) ** 2 for s in STATS)
+
+
+def synthetic_stats(knobs: dict, L: int, heads_q: int, heads_kv: int, head_dim: int, seed=0):
+    spec = SyntheticSpec(L=L, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, seed=seed,
+                         **knobs)  # fmt: skip
+    q, k, _ = synthetic_qkv(spec)
+    return median_stats(layer_stats(q, k))
+
+
+def _clip(x: torch.Tensor) -> torch.Tensor:
+    lo = torch.tensor([math.log(BOUNDS[k][0]) for k in KNOBS], dtype=torch.float64)
+    hi = torch.tensor([math.log(BOUNDS[k][1]) for k in KNOBS], dtype=torch.float64)
+    return torch.maximum(torch.minimum(x, hi), lo)
+
+
+def nelder_mead(f, x0: torch.Tensor, step: float = 0.5, max_evals: int = 120, tol: float = 1e-4):
+    """Minimize ``f`` from ``x0`` (a small, dependency-free Nelder-Mead); returns ``(x, fx)``."""
+    n = x0.numel()
+    simplex = [x0] + [x0 + step * torch.eye(n, dtype=x0.dtype)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    evals = n + 1
+    while evals < max_evals:
+        order = sorted(range(n + 1), key=lambda i: values[i])
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < tol:
+            break
+        centroid = torch.stack(simplex[:-1]).mean(dim=0)
+        xr = centroid + (centroid - simplex[-1])
+        fr = f(xr)
+        evals += 1
+        if fr < values[0]:
+            xe = centroid + 2 * (centroid - simplex[-1])
+            fe = f(xe)
+            evals += 1
+            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(xc)
+            evals += 1
+            if fc < values[-1]:
+                simplex[-1], values[-1] = xc, fc
+            else:
+                simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+                evals += n
+    best = min(range(len(values)), key=lambda i: values[i])
+    return simplex[best], values[best]
+
+
+def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: int):
+    """``(knobs, fitted stats, trace)``: the generator's knobs whose statistics match ``target``."""
+    trace = []
+
+    def f(x: torch.Tensor) -> float:
+        knobs = {k: round(float(v), 4) for k, v in zip(KNOBS, _clip(x).exp())}
+        st = synthetic_stats(knobs, L, heads[0], heads[1], head_dim)
+        value = loss(st, target)
+        trace.append({"knobs": knobs, "loss": value})
+        print(f"{len(trace):4d} loss {value:.4f} {knobs}", file=sys.stderr, flush=True)
+        return value
+
+    default = SyntheticSpec()
+    x0 = torch.tensor([math.log(getattr(default, k)) for k in KNOBS], dtype=torch.float64)
+    x, _ = nelder_mead(f, _clip(x0), max_evals=max_evals)
+    knobs = {k: round(float(v), 4) for k, v in zip(KNOBS, _clip(x).exp())}
+    return knobs, synthetic_stats(knobs, L, heads[0], heads[1], head_dim), trace
+
+
+CONF_HEAD = """\
+# Synthetic Q/K/V calibrated on real captured attention (eval/calibrate.py; made by
+#   {command}
+# at git {git}). The five strength knobs were fitted so that the generator's attention statistics
+# (sink mass, heavy-hitter mass, local-band mass, background logit std, row spread; medians over
+# heads) match those of {source}. Fit record: {record}.
+# The shape below is the paper's (32 query / 8 KV heads, head_dim 128, 128K); the knobs are in
+# logit units and were fitted at the capture's L={L} and head_dim={D}: at 128K the background has
+# 32x more keys, an extrapolation the fit itself does not check.
+"""
+
+
+def write_conf(path: Path, knobs: dict, meta: dict) -> None:
+    base = dataclasses.asdict(SyntheticSpec())
+    base.update(L=131072, heads_q=32, heads_kv=8, head_dim=128, **knobs)
+    lines = ["source: synthetic"]
+    for key, value in base.items():
+        lines.append(f"{key}: " + ("${seed}" if key == "seed" else json.dumps(value)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(CONF_HEAD.format(**meta) + "\n".join(lines) + "\n")
+
+
+def real_stats(model: str, L: int, layers: list[int] | None) -> tuple[list[dict], dict, int]:
+    from .attention_maps import model_input
+
+    data, info = model_input(model, L, layers)
+    per_head, D = [], None
+    for layer, q, k, _ in data:
+        D = q.shape[-1]
+        for h, st in enumerate(layer_stats(q, k)):
+            per_head.append({"layer": layer, "head": h, **st})
+    info.pop("cache", None), info.pop("cache_hit", None)
+    return per_head, info, D
+
+
+def _git_rev() -> str | None:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                       text=True)  # fmt: skip
+    return r.stdout.strip() or None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="smollm2_135m", help="conf/model/<name>.yaml")
+    ap.add_argument("--L", type=int, default=4096)
+    ap.add_argument("--layers", type=int, nargs="*", default=None, help="default: capture_layers")
+    ap.add_argument("--fit-heads", type=int, nargs=2, default=(3, 1), metavar=("HQ", "HKV"))
+    ap.add_argument("--max-evals", type=int, default=120)
+    ap.add_argument("--out", type=Path, default=Path("conf/data/synthetic_calibrated.yaml"))
+    ap.add_argument("--record", type=Path, default=Path("results/captures/calibration_fit.json"))
+    ap.add_argument(
+        "--synthetic-target",
+        action="store_true",
+        help="target: the default generator's own statistics (a self-test, no model)",
+    )
+    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if args.synthetic_target:
+        spec = SyntheticSpec(L=args.L, heads_q=2, heads_kv=1, head_dim=64)
+        q, k, _ = synthetic_qkv(spec)
+        per_head, D = layer_stats(q, k), 64
+        info = {"synthetic": "eval/synthetic.py defaults", "L": args.L}
+    else:
+        per_head, info, D = real_stats(args.model, args.L, args.layers)
+    target = median_stats(per_head)
+    knobs, fitted, trace = fit(target, args.L, tuple(args.fit_heads), D, args.max_evals)
+    default = synthetic_stats({}, args.L, args.fit_heads[0], args.fit_heads[1], D)
+    rec = {
+        "input": info, "L": args.L, "head_dim": D, "fit_heads": list(args.fit_heads),
+        "target": target, "per_head": per_head, "knobs": knobs, "fitted_stats": fitted,
+        "default_stats": default, "loss": loss(fitted, target),
+        "default_loss": loss(default, target), "evals": len(trace), "trace": trace,
+        "command": "python -m eval.calibrate " + " ".join(argv), "git_revision": _git_rev(),
+    }  # fmt: skip
+    args.record.parent.mkdir(parents=True, exist_ok=True)
+    args.record.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    source = info.get("model", info.get("synthetic"))
+    meta = {"command": rec["command"], "git": rec["git_revision"], "record": str(args.record),
+            "source": f"{source} on {info.get('text', '-')} at L={args.L}", "L": args.L,
+            "D": D}  # fmt: skip
+    write_conf(args.out, knobs, meta)
+    print(json.dumps({"target": target, "fitted": fitted, "knobs": knobs}, indent=1))
+    return rec
+
+
+if __name__ == "__main__":
+    main()
