@@ -13,10 +13,15 @@ Statistics of one head's causal attention (``attention_stats``), over the rows o
 * ``background_std``: mean over rows of the standard deviation of the logits ``q.k/sqrt(D)`` of the
   remaining keys (not the sink, heavy or local ones): the spread of the diffuse background;
 * ``row_spread``: standard deviation over rows of ``log mean exp`` of those logits: how much some
-  queries score higher than others overall (horizontal stripes, row sharpness).
+  queries score higher than others overall (horizontal stripes, row sharpness);
+* ``keys90``: median over rows of the fraction of the causal keys that hold 90% of the row's mass
+  (how concentrated a row is);
+* ``tile_keys90``: the same for the mass of a tile of 128 consecutive query rows on the keys
+  before it, key 0 aside (whether the rows of a tile share their important keys: what a
+  tile-sparse method, S2O included, can skip).
 
 The target is the median of each statistic over the captured heads (a model's layers and heads
-differ a lot: the record keeps every head). The fit minimizes the squared log-ratio of the five
+differ a lot: the record keeps every head). The fit minimizes the squared log-ratio of the seven
 statistics of the generator (``eval/synthetic.py``, at the capture's L and head_dim) against the
 target over its five strength knobs (``sink``, ``heavy``, ``slash``, ``background``,
 ``horizontal``; ``n_heavy``, ``n_slash``, ``key_mean``, ``frac_horizontal`` stay at their
@@ -42,7 +47,8 @@ from .synthetic import SyntheticSpec, synthetic_qkv
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = 64
-STATS = ("sink", "heavy", "local", "background_std", "row_spread")
+STATS = ("sink", "heavy", "local", "background_std", "row_spread", "keys90", "tile_keys90")
+TILE = 128  # query rows whose key mass is pooled for ``tile_keys90`` (a block_m tile)
 KNOBS = ("sink", "heavy", "slash", "background", "horizontal")
 BOUNDS = {"sink": (0.5, 40.0), "heavy": (0.1, 30.0), "slash": (0.1, 30.0),
           "background": (0.02, 8.0), "horizontal": (0.01, 8.0)}  # fmt: skip
@@ -50,7 +56,7 @@ BOUNDS = {"sink": (0.5, 40.0), "heavy": (0.1, 30.0), "slash": (0.1, 30.0),
 
 @torch.no_grad()
 def attention_stats(q: torch.Tensor, k: torch.Tensor, n_heavy: int = 16, row_step: int = 4):
-    """The five statistics of one head, ``q [L, D]``, ``k [L, D]`` (post-RoPE), as floats."""
+    """The seven statistics of one head, ``q [L, D]``, ``k [L, D]`` (post-RoPE), as floats."""
     L = q.shape[0]
     rows = torch.arange(L // 2, L, row_step)
     s = (q[rows].double() @ k.double().T) / math.sqrt(q.shape[-1])  # [R, L]
@@ -78,7 +84,30 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, n_heavy: int = 16, row_ste
         "local": float((p * local).sum(dim=-1).mean()),
         "background_std": float(std.mean()),
         "row_spread": float(lme.std()),
+        "keys90": float(keys_for_mass(p, causal.sum(dim=-1)).median()),
+        "tile_keys90": tile_keys_for_mass(p, rows),
     }
+
+
+def tile_keys_for_mass(p: torch.Tensor, rows: torch.Tensor, frac: float = 0.9) -> float:
+    """Median over tiles of ``TILE`` consecutive query rows (the sampled ones) of the fraction of
+    the keys before the tile (key 0 aside) that hold ``frac`` of the tile's mass on them: low
+    when the rows of a tile share their important keys (stripes a tile-sparse method can keep),
+    high when each row's strong keys sit elsewhere."""
+    out = []
+    for start in range(int(rows[0]), int(rows[-1]) + 1 - TILE + 1, TILE):
+        sel = (rows >= start) & (rows < start + TILE)
+        mass = p[sel, 1:start].sum(dim=0)  # the sink aside: it alone would hold 90% in many heads
+        mass = mass / mass.sum()
+        out.append(float(keys_for_mass(mass[None], torch.tensor([start - 1]), frac)[0]))
+    return float(torch.tensor(out).median())
+
+
+def keys_for_mass(p: torch.Tensor, n: torch.Tensor, frac: float = 0.9) -> torch.Tensor:
+    """Per row of ``p [R, L]``, the fraction of its ``n [R]`` causal keys that, taken by
+    descending probability, hold ``frac`` of the row's mass (how concentrated the row is)."""
+    cum = p.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+    return ((cum < frac).sum(dim=-1) + 1).double() / n.double()
 
 
 def layer_stats(q: torch.Tensor, k: torch.Tensor, **kw) -> list[dict]:
@@ -168,8 +197,9 @@ CONF_HEAD = """\
 # Synthetic Q/K/V calibrated on real captured attention (eval/calibrate.py; made by
 #   {command}
 # at git {git}). The five strength knobs were fitted so that the generator's attention statistics
-# (sink mass, heavy-hitter mass, local-band mass, background logit std, row spread; medians over
-# heads) match those of {source}. Fit record: {record}.
+# (sink mass, heavy-hitter mass, local-band mass, background logit std, row spread, and the keys
+# holding 90% of a row's and of a 128-row tile's mass; medians over heads) match those of
+# {source}. Fit record: {record}.
 # The shape below is the paper's (32 query / 8 KV heads, head_dim 128, 128K); the knobs are in
 # logit units and were fitted at the capture's L={L} and head_dim={D}: at 128K the background has
 # 32x more keys, an extrapolation the fit itself does not check.
