@@ -133,7 +133,8 @@ def section(ctx) -> Section:
         "(the own segment's keys stay in token order, so its diagonal scatters: Pass-1 "
         "computes it densely either way).",
         "Paper: heatmaps only, no numbers (Llama-3.1-8B and Qwen3-8B at long context). "
-        "**Differs:** our maps are of a 135M model (or the synthetic generator) at L=4096, "
+        "**Differs:** our maps are of small models (SmolLM2-135M, Gemma 3 270M) or the synthetic "
+        "generator at L=4096, "
         "S=1024, downsampled by mean pooling; they are not stand-ins for the 8B models' maps.",
     ]
     return sec

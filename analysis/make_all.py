@@ -680,7 +680,8 @@ def _build(make: Callable[[Ctx], Section], ctx: Ctx) -> Section:
     try:
         return make(ctx)
     except (KeyError, ValueError, TypeError, OSError, IndexError, StopIteration) as exc:
-        sec = Section(make.__name__, f"{make.__module__}.{make.__name__}", "-")
+        name = make.__module__.split(".")[-1] if make.__name__ == "section" else make.__name__
+        sec = Section(name, f"{name}: its records could not be read", "-")
         sec.missing_line(
             f"usable records ({type(exc).__name__}: {exc})",
             "see the section's records in results/manifest.yaml",
