@@ -100,6 +100,10 @@ def tile_keys_for_mass(p: torch.Tensor, rows: torch.Tensor, frac: float = 0.9) -
         mass = p[sel, 1:start].sum(dim=0)  # the sink aside: it alone would hold 90% in many heads
         mass = mass / mass.sum()
         out.append(float(keys_for_mass(mass[None], torch.tensor([start - 1]), frac)[0]))
+    if not out:
+        raise ValueError(
+            f"L={p.shape[1]} is too short for tiles of {TILE} rows: use L >= {4 * TILE}"
+        )
     return float(torch.tensor(out).median())
 
 
