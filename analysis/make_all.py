@@ -427,8 +427,10 @@ def accuracy(ctx: Ctx) -> Section:
     sec.missing_line(
         "accuracy records (kind=accuracy: RULER, InfiniteBench, LongBench v2 with "
         "each method as the prefill attention)",
-        "not yet in the harness (`s2o/hf.py`'s `sparse_prefill` is the plug-in it "
-        "will run; trained 8B weights needed)",
+        "`python run.py kind=accuracy benchmark=ruler model=<model> method=<method>` "
+        "(and `benchmark=infinitebench`, `benchmark=longbench_v2`; records under "
+        "`results/accuracy/`; the paper's tables need trained 8B weights, a GPU, and a reader of "
+        "those records in make_all, not written yet)",
     )
     acc = ctx.paper["accuracy"]
     rows = []
