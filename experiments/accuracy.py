@@ -83,10 +83,9 @@ def build_samples(bench: dict, fmt: ruler.PromptFormat) -> list[dict]:
             for s in ib.to_samples(rows, task, fmt.tokenizer, bench["max_len"], family, fmt.render):
                 out.append(_sample(dict(s, length=None), s["input"], s["max_new_tokens"]))
     elif name == "longbench_v2":
-        if bench.get("cot"):
-            raise ConfigError("benchmark.cot=true: the CoT answer turn is not run by kind=accuracy")
         items = lb.load(data.get("path"), n)
-        for s in lb.to_samples(items, fmt.tokenizer, bench["max_len"], False, fmt.render):
+        cot = bool(bench.get("cot"))
+        for s in lb.to_samples(items, fmt.tokenizer, bench["max_len"], cot, fmt.render):
             out.append(_sample(dict(s, length=None), s["input"], s["max_new_tokens"]))
     else:
         raise ConfigError(
@@ -96,7 +95,7 @@ def build_samples(bench: dict, fmt: ruler.PromptFormat) -> list[dict]:
 
 
 def _sample(s: dict, prompt: str, max_new: int) -> dict:
-    keep = ("metric", "difficulty", "length_bucket")
+    keep = ("metric", "difficulty", "length_bucket", "cot_item")
     return {"id": s["id"], "task": s["task"], "length": s.get("length"), "prompt": prompt,
             "gold": s["outputs"], "max_new_tokens": int(max_new),
             **{k: s[k] for k in keep if k in s}}  # fmt: skip
@@ -183,6 +182,22 @@ def generate_one(model, tokenizer, run, sample: dict, add_special: bool, stop: l
     }  # fmt: skip
 
 
+def cot_answer_turn(model, tokenizer, run, sample: dict, first: dict, fmt, stop, sync) -> dict:
+    """LongBench v2 CoT: the second turn asks for the answer given the first turn's reasoning (a
+    short prompt without the document). The sample's density is the first, long prefill's; the
+    times add up both turns."""
+    prompt = fmt.render(lb.build_cot_answer_prompt(sample["cot_item"], first["prediction"]))
+    turn = {"prompt": prompt, "max_new_tokens": lb.MAX_NEW_TOKENS}
+    second = generate_one(model, tokenizer, run, turn, fmt.add_special_tokens, stop, sync)
+    add = lambda k: None if first[k] is None or second[k] is None else first[k] + second[k]
+    return {
+        **first, "prediction": second["prediction"], "cot_response": first["prediction"],
+        "new_tokens": first["new_tokens"] + second["new_tokens"],
+        "prefill_ms": add("prefill_ms"), "decode_ms": add("decode_ms"),
+        "answer_turn_prompt_tokens": second["prompt_tokens"],
+    }  # fmt: skip
+
+
 def cells(lines: list[dict]) -> list[dict]:
     """One row per (task, length): accuracy x100 with its 95% interval, mean density, n."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -250,6 +265,8 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     ):
         for i, s in enumerate(bar):
             gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
+            if s.get("cot_item"):
+                gen = cot_answer_turn(model, tokenizer, run, s, gen, fmt, stop, sync)
             value, extra = score(bench["name"], s, gen["prediction"])
             line = {"id": s["id"], "task": s["task"], "length": s["length"], **gen,
                     "gold": s["gold"], "score": value, **extra,

@@ -131,3 +131,34 @@ def test_measure_error_puts_operator_error_beside_each_score(tmp_path, model_and
     lines = _lines(tmp_path / "e.jsonl")
     assert all(r["mse"] >= 0 and set(r["error_per_layer"]) in ({"0", "1"}, {0, 1}) for r in lines)
     assert all(c["mse"] is not None for c in m["cells"])
+
+
+def test_longbench_v2_cot_runs_the_answer_turn(tmp_path, model_and_tokenizer, monkeypatch):
+    """benchmark.cot=true: the reasoning turn, then the official answer turn with the reasoning
+    in it (and not the document); the score is read from the answer turn."""
+    model, tok = model_and_tokenizer
+    item = {"_id": "x1", "domain": "d", "sub_domain": "s", "difficulty": "easy", "length": "short",
+            "question": "Which letter?", "choice_A": "a", "choice_B": "b", "choice_C": "c",
+            "choice_D": "d", "answer": "B", "context": "lorem ipsum " * 50}  # fmt: skip
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([item]))
+    res = _resolved(tmp_path, "full", 1)
+    res["benchmark"] = {"name": "longbench_v2", "tasks": ["longbench_v2"], "n": None,
+                        "max_len": 200, "seed": 42, "cot": True, "stop": [],
+                        "cache_dir": str(tmp_path), "data": {"path": str(path)}}  # fmt: skip
+    prompts = []
+    real = accuracy.generate_one
+
+    def spy(model, tokenizer, run, sample, *a, **k):
+        prompts.append((sample["prompt"], sample["max_new_tokens"]))
+        out = real(model, tokenizer, run, dict(sample, max_new_tokens=4), *a, **k)
+        return dict(out, prediction="The correct answer is (B)" if len(prompts) == 2 else "hmm")
+
+    monkeypatch.setattr(accuracy, "generate_one", spy)
+    m = accuracy.evaluate(res, tmp_path / "cot.jsonl", model, tok)
+    (first, n1), (second, n2) = prompts
+    assert "lorem ipsum" in first and "step by step:" in first and n1 == 1024
+    assert "lorem ipsum" not in second and "step by step: hmm" in second and n2 == 128
+    line = _lines(tmp_path / "cot.jsonl")[0]
+    assert line["cot_response"] == "hmm" and line["score"] == 1.0 and line["pred"] == "B"
+    assert m["n_samples"] == 1

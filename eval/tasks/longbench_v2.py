@@ -68,9 +68,14 @@ def build_prompt(item: dict, cot: bool = False) -> str:
     return _fill(PROMPT_0SHOT_COT if cot else PROMPT_0SHOT, item)
 
 
+COT_FIELDS = ("question", "choice_A", "choice_B", "choice_C", "choice_D")
+
+
 def build_cot_answer_prompt(item: dict, cot_response: str) -> str:
-    """The second CoT turn (``prompts/0shot_cot_ans.txt``): the reasoning, asked for the answer."""
-    return _fill(PROMPT_0SHOT_COT_ANSWER, item, cot_response.strip())
+    """The second CoT turn (``prompts/0shot_cot_ans.txt``): the reasoning, asked for the answer.
+    The document is not in this prompt (the template says it is omitted), so ``item`` needs only
+    the question and the choices (:data:`COT_FIELDS`)."""
+    return _fill(PROMPT_0SHOT_COT_ANSWER, {"context": "", **item}, cot_response.strip())
 
 
 def _validate(item: Any, where: str) -> dict:
@@ -157,6 +162,7 @@ def to_samples(
                 difficulty=item["difficulty"],
                 length_bucket=item["length"],
                 cot=cot,
+                cot_item={k: item[k] for k in COT_FIELDS} if cot else None,
                 tokens_before_truncation=n_before,
                 truncated=cut,
             )
