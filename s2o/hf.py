@@ -20,6 +20,10 @@ patched, so every model whose attention dispatches through ``ALL_ATTENTION_FUNCT
   than ``min_len``): transformers' SDPA attention, with the model's own mask. Inside the context
   the dense calls therefore run SDPA even if the model was loaded with another implementation.
 
+The tensors a layer hands the method are not scanned for NaN/Inf (``sparse_attention`` does
+that; here it would synchronize the GPU at every layer): a model whose activations overflow
+gets the method's output for them, not an error.
+
 Refused with an error (never run dense silently): chunked prefill or a prefill with a past (more
 than one query, fewer queries than keys), an attention mask in a sparse prefill (padding in the
 batch, a static cache, a custom mask), soft-capped logits, attention dropout, sliding-window
