@@ -33,7 +33,9 @@ from tqdm.auto import tqdm
 from eval import models
 from s2o.hf import sparse_prefill
 
-from .common import JobContext, WandbLogger
+from .common import ConfigError, JobContext, WandbLogger
+
+CPU_MAX_LEN = 4096  # a CPU runs the plain-PyTorch reference: longer prefills take hours
 
 
 def lengths(e2e: dict, model_cfg: dict) -> list[int]:
@@ -129,11 +131,18 @@ def evaluate(resolved: dict) -> dict:
             "kind=e2e needs a model: model=gemma3_270m | smollm2_135m | llama31_8b ..."
         )
     model_cfg["dtype"] = resolved["dtype"]  # the harness's dtype (auto: bf16 on CUDA, fp32 on CPU)
+    Ls = lengths(e2e, model_cfg)
+    if device.type == "cpu" and max(Ls) > CPU_MAX_LEN:
+        raise ConfigError(
+            f"kind=e2e times prefill on a GPU; on the CPU the methods run their plain-PyTorch "
+            f"reference, where e2e.lengths up to {max(Ls)} would take hours: run it on a GPU, or "
+            f"give e2e.lengths of at most {CPU_MAX_LEN} tokens here (or dry_run=true)"
+        )
     model, tok = models.load(model_cfg, device, seed=resolved["seed"])
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if tok is None:
         e2e = {**e2e, "vocab": model.config.get_text_config().vocab_size}
-    rows, Ls = [], lengths(e2e, model_cfg)
+    rows = []
     grid = [(c, L) for c in configurations(resolved) for L in Ls]
     with torch.inference_mode():
         for (label, method, knobs), L in tqdm(grid, desc="e2e", disable=not resolved["progress"]):

@@ -104,3 +104,9 @@ def test_e2e_table_reads_a_record(tmp_path):
     assert lines[4].startswith("| full_flash | 8 | 1.000 |")  # dense rows first at each length
     assert "| s2o | 8 | 0.500 | - |" in lines[5] and "| 2.00 |" in lines[5]
     assert "OutOfMemoryError" in lines[6]
+
+
+def test_e2e_on_a_cpu_refuses_long_prefills_before_loading(tmp_path):
+    rec = run_inprocess(["kind=e2e", "model=gemma3_270m", "device=cpu"], tmp_path)
+    assert rec["status"] == "error" and "e2e.lengths of at most 4096" in rec["error"]
+    assert rec["elapsed_s"] < 5, "the model was loaded before the lengths were checked"
