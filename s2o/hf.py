@@ -269,6 +269,8 @@ class SparsePrefill:
                     t0, t1, t2 = s._marks
                     s.estimate_ms, s.attention_ms = self._clock.ms(t0, t1), self._clock.ms(t1, t2)
                     s._marks = ()
+                if s.density is not None and s.density.device.type != "cpu":
+                    s.density = s.density.cpu()
                 if isinstance(s.mse, torch.Tensor):
                     s.mse, s.rel_mse = float(s.mse), float(s.rel_mse)
             if p._marks and p._marks[1] is not None:
@@ -335,7 +337,7 @@ class SparsePrefill:
                 layer,
                 True,
                 None,
-                st.density_per_head.cpu(),
+                st.density_per_head,  # moved to the CPU in finalize: no sync per layer
                 _marks=(t0, t1, t2) if self.timing else (),
             )
             if self.measure_error:  # after the timed span: a dense pass on the same Q/K/V
