@@ -4,7 +4,7 @@ reading of JSON lines."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +49,18 @@ def check_fields(obj: dict, types: dict[str, tuple], where: str) -> None:
                 f"{where}: field {name!r} is {type(obj[name]).__name__}, expected "
                 + " or ".join(t.__name__ for t in allowed)
             )
+
+
+def local_or_hub(
+    local: Callable[[], list], hub: Callable[[], list], hint: str, n: int | None
+) -> list:
+    """The first ``n`` (all when None) rows from ``local`` when given, else from ``hub``; a hub
+    failure raises ``FileNotFoundError`` with ``hint`` (what to download and where to set it)."""
+    if local is not None:
+        rows = local()
+    else:
+        try:
+            rows = hub()
+        except Exception as e:
+            raise FileNotFoundError(f"{hint} (the hub failed: {e})") from e
+    return rows if n is None else rows[:n]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import metrics
-from .common import check_fields, iter_jsonl, truncate_middle
+from .common import check_fields, iter_jsonl, local_or_hub, truncate_middle
 from .ruler.common import PromptFormat, fit_size
 
 HUB_ID = "xinrongzhang2022/InfiniteBench"
@@ -203,17 +203,12 @@ def load(task: str, data_dir: str | Path | None = None, n: int | None = None) ->
     """The first ``n`` (all when None) examples, from ``data_dir`` or else the hub."""
     if task in GENERATED_TASKS:
         raise ValueError(f"{task} is generated: use generate_retrieval")
-    if data_dir:
-        rows = load_local(data_dir, task)
-    else:
-        try:
-            rows = load_hub(task)
-        except Exception as e:
-            raise FileNotFoundError(
-                f"InfiniteBench {task}: no benchmark.data.dir and the hub failed ({e}); download "
-                f"the jsonl files of {HUB_ID} and set benchmark.data.dir=DIR in conf/local/"
-            ) from e
-    return rows if n is None else rows[:n]
+    hint = (
+        f"InfiniteBench {task}: no benchmark.data.dir; download the jsonl files of {HUB_ID} and "
+        "set benchmark.data.dir=DIR in conf/local/"
+    )
+    local = (lambda: load_local(data_dir, task)) if data_dir else None
+    return local_or_hub(local, lambda: load_hub(task), hint, n)
 
 
 def to_samples(

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..metrics import extract_choice
 from ..significance import score_interval
-from .common import check_fields, iter_jsonl, truncate_middle
+from .common import check_fields, iter_jsonl, local_or_hub, truncate_middle
 
 HUB_ID = "THUDM/LongBench-v2"
 MAX_NEW_TOKENS = 128
@@ -125,17 +125,8 @@ def load_hub() -> list[dict]:
 
 
 def load(path: str | Path | None = None, n: int | None = None) -> list[dict]:
-    if path:
-        items = load_local(path)
-    else:
-        try:
-            items = load_hub()
-        except Exception as e:
-            raise FileNotFoundError(
-                f"LongBench v2: no benchmark.data.path and the hub failed ({e}); "
-                f"download data.json of {HUB_ID}"
-            ) from e
-    return items if n is None else items[:n]
+    hint = f"LongBench v2: no benchmark.data.path; download data.json of {HUB_ID}"
+    return local_or_hub((lambda: load_local(path)) if path else None, load_hub, hint, n)
 
 
 def to_samples(
