@@ -204,7 +204,7 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_node_gpus_stopping_the_sweep_stops_workers_and_their_children(tmp_path, sig):
     paths = _app(tmp_path)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1", PYTHONPATH=str(ROOT))
