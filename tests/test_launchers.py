@@ -230,22 +230,32 @@ def test_node_gpus_stopping_the_sweep_stops_workers_and_their_children(tmp_path,
     assert all(_gone(p) for p in pids), f"still running: {[p for p in pids if not _gone(p)]}"
 
 
-def test_run_py_sweep_on_node_gpus(tmp_path, monkeypatch):
+def test_run_py_sweep_on_node_gpus_reuses_workers_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     args = [
         "-m",
         "hydra/launcher=node_gpus",
         "method=s2o",
-        "tau=0.005,0.02",
+        "tau=0.005,0.01,0.02",
         "dry_run=true",
         "timing.enabled=false",
     ]
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = _ledger(tmp_path / "hydra_multi")
-    assert [j["status"] for j in jobs] == ["ok", "ok"] and {j["gpu"] for j in jobs} == {"0", "1"}
-    recs = [json.loads(p.read_text()) for p in tmp_path.glob("runs/s2o/*/record.json")]
-    assert sorted(r["config"]["method"]["tau"] for r in recs) == [0.005, 0.02]
+    assert [j["status"] for j in jobs] == ["ok"] * 3 and {j["gpu"] for j in jobs} == {"0", "1"}
+    assert len({j["pid"] for j in jobs}) == 2, f"3 jobs on 2 GPUs need 2 workers: {jobs}"
+    records = sorted(tmp_path.glob("runs/s2o/*/record.json"))
+    taus = sorted(json.loads(p.read_text())["config"]["method"]["tau"] for p in records)
+    assert taus == [0.005, 0.01, 0.02]
+    proc = run_cli(args, tmp_path)  # the same sweep again: every point is done
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (tmp_path / "hydra_multi" / "node_gpus.jsonl").read_text().splitlines()
+    again = [json.loads(line) for line in lines[3:]]
+    assert [j["status"] for j in again] == ["ok"] * 3, again
+    for j in again:
+        assert "skip: " in Path(j["log"]).read_text(), Path(j["log"]).read_text()
+    assert sorted(tmp_path.glob("runs/s2o/*/record.json")) == records
 
 
 def test_in_process_sweep_with_failed_points_exits_1(tmp_path):
