@@ -343,8 +343,10 @@ def _collect(w: _Worker, code: int | None, ledger: Path) -> JobReturn:
         "start": _iso(w.start),
         "end": _iso(end),
         "elapsed_s": round(end - w.start, 3),
-        "job_start": _iso(result["job_start"]) if result else None,
-        "job_end": _iso(result["job_end"]) if result else None,
+        # in the worker: from the job's start (its modules imported) to its end
+        "job_start": _iso((result or {}).get("job_start")),
+        "job_end": _iso((result or {}).get("job_end")),
+        "job_s": _span((result or {}).get("job_start"), (result or {}).get("job_end")),
         "returncode": code,
         "status": "ok" if why is None else "failed",
         "why": why,
@@ -367,6 +369,10 @@ def _result(out: Path) -> dict | None:
         return pickle.loads(out.read_bytes())
     except Exception as exc:  # noqa: BLE001  (a result that cannot be read is a failed job)
         return {"status": "FAILED", "value": RuntimeError(f"unreadable result {out}: {exc}")}
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(end - start, 3)
 
 
 def _iso(t: float | None) -> str | None:
@@ -443,6 +449,7 @@ def _run_one(pkl: Path) -> dict[str, Any]:
         import cloudpickle
 
         payload = cloudpickle.loads(pkl.read_bytes())  # imports the task's modules (once)
+        start = time.time()  # the job's time is Hydra's and the task's, not the imports'
         setup_globals()
         Singleton.set_state(payload["singleton_state"])
         config = payload["config"]
