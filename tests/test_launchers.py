@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from harness_util import ROOT, run_cli
 
-from hydra_plugins.s2o_launchers.node_gpus import pick_gpus
+from hydra_plugins.s2o_launchers.node_gpus import NodeGpusLauncher, pick_gpus
 
 APP = """
 import json, logging, os, signal, subprocess, time
@@ -119,6 +119,12 @@ def test_pick_gpus_follows_cuda_visible_devices():
         pick_gpus([1, 1], {}, lambda: 2)
 
 
+def test_reuse_workers_must_be_a_bool():
+    assert NodeGpusLauncher(reuse_workers=False).reuse_workers is False
+    with pytest.raises(ValueError, match="reuse_workers='no' must be true or false"):
+        NodeGpusLauncher(reuse_workers="no")
+
+
 def _ledger(sweep) -> list[dict]:
     lines = (sweep / "node_gpus.jsonl").read_text().splitlines()
     return sorted((json.loads(line) for line in lines), key=lambda r: r["num"])
@@ -170,6 +176,10 @@ def test_node_gpus_reuses_a_worker_per_gpu_and_survives_failing_jobs(tmp_path):
         assert s["cwd"] == str(tmp_path), s
         assert s["leaked_env"] is None and s["app_handlers"] == 0, s
         assert s["root_files"] == [str(paths["sweep"] / str(n) / "app.log")], s
+    for j in jobs:  # Hydra's output_subdir of each job: its own overrides and job number
+        hydra_dir = paths["sweep"] / str(j["num"]) / ".hydra"
+        assert f"- n={j['num']}\n" in (hydra_dir / "overrides.yaml").read_text(), j
+        assert f"    num: {j['num']}\n" in (hydra_dir / "hydra.yaml").read_text(), j
     for j in jobs:  # each job's output went to its own log
         log_text = Path(j["log"]).read_text()
         others = [f"job {m} raised" for m in range(8) if m != j["num"]]
