@@ -162,7 +162,7 @@ def test_node_gpus_reuses_a_worker_per_gpu_and_survives_failing_jobs(tmp_path):
     pairs = [(a, b) for i, a in enumerate(jobs) for b in jobs[i + 1 :] if _overlap(a, b)]
     assert pairs, "the two GPUs never ran jobs at the same time"
     assert all(a["gpu"] != b["gpu"] for a, b in pairs), f"two jobs at once on one GPU: {pairs}"
-    assert max(j["worker_job"] for j in jobs) >= 3, f"no worker served several jobs: {jobs}"
+    assert max(j["worker_job"] for j in jobs) >= 2, f"no worker served several jobs: {jobs}"
     by_num = {j["num"]: j for j in jobs}
     after_raise = _next_on_gpu(jobs, by_num[1])
     assert after_raise is not None and after_raise["pid"] == by_num[1]["pid"], jobs
