@@ -176,14 +176,21 @@ class _Worker:
         self.died = _exited(self.proc.pid)
         return self.died
 
-    def retire(self, sel: selectors.BaseSelector, grace_s: float) -> int:
-        """End the worker process: end of its stdin, ``grace_s`` to exit, then its process group
-        is killed (children a job left behind, or a worker that did not exit); its exit code."""
+    def release(self, sel: selectors.BaseSelector) -> None:
+        """No more jobs: the worker exits at the end of its stdin (reaped by :meth:`retire`)."""
         assert self.proc is not None and self.proc.stdin is not None
-        sel.unregister(self.proc.stdout)
+        with contextlib.suppress(KeyError):  # released before
+            sel.unregister(self.proc.stdout)
         with contextlib.suppress(BrokenPipeError):
             self.proc.stdin.close()
-        code = _end(self.proc, None, grace_s)
+
+    def retire(self, sel: selectors.BaseSelector, grace_s: float, first: int | None = None) -> int:
+        """End the worker process: end of its stdin (and signal ``first`` to its group),
+        ``grace_s`` to exit, then its process group is killed (children a job left behind, or a
+        worker that did not exit); its exit code."""
+        assert self.proc is not None and self.proc.stdout is not None
+        self.release(sel)
+        code = _end(self.proc, first, grace_s)
         self.proc.stdout.close()
         self.proc = None
         return code
@@ -261,6 +268,7 @@ class NodeGpusLauncher(Launcher):
         sel = selectors.DefaultSelector()
         # SIGTERM (timeout, kill) ends the sweep through the finally below, workers included
         previous = signal.signal(signal.SIGTERM, _terminated)
+        finished = False
         try:
             for w in workers:
                 self._next(w, pending, sel)
@@ -273,19 +281,21 @@ class NodeGpusLauncher(Launcher):
                     rets[w.job.num] = _collect(w, code, ledger)
                     w.job = None
                     self._next(w, pending, sel)
+            finished = True
         finally:
-            for w in workers:  # interrupted (Ctrl-C, SIGTERM): no worker outlives the sweep
+            for w in workers:  # released workers exit; interrupted (Ctrl-C, SIGTERM): stopped
                 if w.proc is not None:
-                    _end(w.proc, signal.SIGTERM, 10.0)
+                    w.retire(sel, 30.0 if finished else 10.0, None if finished else signal.SIGTERM)
             sel.close()
             signal.signal(signal.SIGTERM, previous)
         return [rets[job.num] for job in jobs]
 
     def _next(self, w: _Worker, pending: deque[_Job], sel: selectors.BaseSelector) -> None:
-        """Give the GPU of ``w`` the next job (a new worker if it has none), or end its worker."""
+        """Give the GPU of ``w`` the next job (a new worker if it has none), or release its
+        worker, which exits while the other GPUs finish."""
         if not pending:
             if w.proc is not None:
-                w.retire(sel, 30.0)
+                w.release(sel)
             return
         if w.proc is None:
             w.spawn()
