@@ -3,6 +3,7 @@ on all visible GPUs, then on the first GPU alone, with ``nvidia-smi`` sampling d
 
     python3 benchmarks/node_gpus_sweep.py --out "$OUT"               # the 2-GPU machine
     python3 benchmarks/node_gpus_sweep.py --out /tmp/ng --tiny       # CPU dry run, fake GPUs 0,1
+    python3 benchmarks/node_gpus_sweep.py --overhead 16 --out results/launchers/<name>   # CPU
 
 The sweep: S2O on the synthetic input at ``--L`` tokens (32 query / 8 KV heads, bf16), one point
 per ``--taus`` value; each point times estimation, attention and Full with ``do_bench`` for
@@ -14,19 +15,31 @@ ran each point and when, ``.node_gpus/*.log`` each job's output), ``results_<n>g
 records), ``nvidia_smi_<n>gpu.csv`` (index, utilization, memory every second) and
 ``compute_apps_<n>gpu.csv`` (which process held memory on which GPU), ``run_<n>gpu.log`` (the
 launcher's output), ``summary.json`` and ``summary.md`` (wall times, speedup, the GPU of each
-point, each GPU's mean utilization and busy fraction while the sweep ran).
+point, each GPU's mean utilization and busy fraction while the sweep ran). ``--reuse-workers
+false`` runs both sweeps with a new process per job (the launcher's ``reuse_workers``).
+
+``--overhead N`` measures the launcher's cost per job instead, on any machine (a CPU is enough):
+N trivial points (``dry_run=true`` at its tiny size, ``timing.enabled=false``, one per seed)
+through ``node_gpus`` on fake GPUs (``--fake-gpus``, default one), with ``reuse_workers=true``
+and ``=false``, alternating, ``--repeats`` times each. It writes ``summary.json``,
+``summary.md``, each sweep's ledger (``node_gpus_<tag>.jsonl``) and launcher log
+(``run_<tag>.log``) under ``--out``; the jobs' pickles and records go to a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
+import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,17 +64,25 @@ def sweep_args(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def run_sweep(args: argparse.Namespace, tag: str, gpus: str | None, overrides: list[str]) -> dict:
-    """One ``run.py -m`` through node_gpus, with nvidia-smi sampling around it; its wall time."""
-    out = args.out
+def run_sweep(
+    args: argparse.Namespace,
+    tag: str,
+    gpus: str | None,
+    overrides: list[str],
+    work: Path | None = None,
+) -> dict:
+    """One ``run.py -m`` through node_gpus, with nvidia-smi sampling around it; its wall time.
+    The sweep folder and the records go under ``work`` (default ``--out``)."""
+    out, work = args.out, work or args.out
     common = [f"git_rev={args.git_rev}", "skip_done=false", "progress=false", "wandb.mode=disabled"]
     cmd = [
         sys.executable,
         "run.py",
         "-m",
         "hydra/launcher=node_gpus",
-        f"hydra.sweep.dir={out / f'sweep_{tag}'}",
-        f"results_dir={out / f'results_{tag}'}",
+        f"hydra.launcher.reuse_workers={args.reuse_workers}",
+        f"hydra.sweep.dir={work / f'sweep_{tag}'}",
+        f"results_dir={work / f'results_{tag}'}",
         *([f"hydra.launcher.gpus=[{gpus}]"] if gpus is not None else []),
         *overrides,
         *common,
@@ -86,7 +107,14 @@ def run_sweep(args: argparse.Namespace, tag: str, gpus: str | None, overrides: l
         p.terminate()
         p.wait()
     print(f"{tag}: exit {code}, {t1 - t0:.1f} s wall", flush=True)
-    return {"tag": tag, "returncode": code, "start": t0, "end": t1, "wall_s": t1 - t0}
+    return {
+        "tag": tag,
+        "command": cmd,
+        "returncode": code,
+        "start": t0,
+        "end": t1,
+        "wall_s": t1 - t0,
+    }
 
 
 def start_samplers(out: Path, tag: str) -> list[subprocess.Popen]:
@@ -136,12 +164,13 @@ def gpu_use(out: Path, tag: str, start: float, end: float) -> dict:
 
 
 def points(out: Path, tag: str) -> list[dict]:
-    """The ledger of a sweep: which GPU ran each point, when, how it ended."""
+    """The ledger of a sweep: which GPU and worker ran each point, when, how it ended."""
     ledger = out / f"sweep_{tag}" / "node_gpus.jsonl"
     lines = ledger.read_text().splitlines() if ledger.exists() else []
     rows = sorted((json.loads(line) for line in lines), key=lambda r: r["num"])
-    keep = ("num", "gpu", "gpu_seen_by_job", "start", "end", "elapsed_s", "status", "why")
-    return [{k: r[k] for k in keep} | {"point": _tau(r["overrides"])} for r in rows]
+    keep = ("num", "gpu", "gpu_seen_by_job", "pid", "worker_job", "start", "end", "elapsed_s")
+    keep += ("job_s", "status", "why")
+    return [{k: r.get(k) for k in keep} | {"point": _tau(r["overrides"])} for r in rows]
 
 
 def _tau(overrides: list[str]) -> str:
@@ -158,12 +187,18 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="CPU dry run: tiny points, fake GPUs 0,1")
     ap.add_argument("--git-rev", default=_git_rev())
     ap.add_argument("--budget-s", type=float, default=540, help="stop the sweeps after this long")
+    ap.add_argument("--reuse-workers", choices=["true", "false"], default="true")
+    ap.add_argument("--overhead", type=int, default=0, metavar="N", help="launcher cost per job")
+    ap.add_argument("--fake-gpus", default="0", help="--overhead: CUDA_VISIBLE_DEVICES to use")
+    ap.add_argument("--repeats", type=int, default=2, help="--overhead: sweeps per setting")
     args = ap.parse_args()
     args.taus = args.taus.split(",")
     args.out = args.out.resolve()
     args.deadline = time.time() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if args.overhead:
+        return overhead(args)
     if args.tiny:
         os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
     overrides = sweep_args(args)
@@ -176,6 +211,7 @@ def main() -> None:
     runs.append(run_sweep(args, "1gpu", "0", overrides))
     summary = {
         "git_rev": args.git_rev,
+        "command": " ".join(sys.argv),
         "args": {k: str(v) for k, v in vars(args).items()},
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "gpus": _gpu_names(),
@@ -199,24 +235,127 @@ def markdown(s: dict) -> str:
         "",
         f"GPUs: {s['gpus']}",
         "",
+        f"Command: `{s.get('command', '?')}`",
+        "",
         f"- all visible GPUs: {two['wall_s']:.1f} s wall (exit {two['returncode']})",
         f"- GPU 0 alone: {one['wall_s']:.1f} s wall (exit {one['returncode']})",
         f"- speedup: {s['speedup_2gpu_over_1gpu']:.2f}x",
         "",
-        "| sweep | point | GPU | seen by job | elapsed s | status |",
-        "|---|---|---|---|---|---|",
+        "| sweep | point | GPU | seen by job | worker pid (job) | elapsed s | job s | status |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for tag in ("2gpu", "1gpu"):
         for p in s["sweeps"][tag]["points"]:
             lines.append(
                 f"| {tag} | {p['point']} | {p['gpu']} | {p['gpu_seen_by_job']} | "
-                f"{p['elapsed_s']:.1f} | {p['status']} |"
+                f"{p['pid']} ({p['worker_job']}) | {p['elapsed_s']:.1f} | {p['job_s']} | "
+                f"{p['status']} |"
             )
     lines += ["", "nvidia-smi during each sweep (1 s samples): mean utilization %, fraction >= 50%"]
     for tag in ("2gpu", "1gpu"):
         use = s["sweeps"][tag]["gpu_use"]
         lines.append(f"- {tag}: {json.dumps(use) if use else 'no nvidia-smi samples'}")
     return "\n".join(lines) + "\n"
+
+
+def overhead(args: argparse.Namespace) -> None:
+    """``--overhead N``: the launcher's cost per job, ``reuse_workers`` true against false."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = args.fake_gpus
+    seeds = ",".join(str(i) for i in range(args.overhead))
+    overrides = ["method=s2o", f"seed={seeds}", "dry_run=true", "timing.enabled=false"]
+    summary = {
+        "what": "node_gpus launcher cost per job: N trivial harness points, reuse_workers on/off",
+        "git_rev": args.git_rev,
+        "command": " ".join([sys.executable, *sys.argv]),
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "gpus": _gpu_names(),
+        "cuda_visible_devices": args.fake_gpus,
+        "points": args.overhead,
+        "sweeps": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="node_gpus_overhead_") as tmp:
+        for i in range(args.repeats):
+            for reuse in ("true", "false"):
+                args.reuse_workers, tag = reuse, f"reuse_{reuse}_{i}"
+                load = os.getloadavg()
+                run = run_sweep(args, tag, None, overrides, Path(tmp))
+                ledger = Path(tmp) / f"sweep_{tag}" / "node_gpus.jsonl"
+                if ledger.exists():
+                    shutil.copy(ledger, args.out / f"node_gpus_{tag}.jsonl")
+                rows = points(Path(tmp), tag)
+                stats = per_job(rows, run["wall_s"], args.overhead)
+                summary["sweeps"].append(
+                    {"tag": tag, "reuse_workers": reuse == "true", "loadavg_before": load}
+                    | {k: run[k] for k in ("command", "returncode", "wall_s")}
+                    | stats
+                )
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (args.out / "summary.md").write_text(overhead_markdown(summary))
+    print(overhead_markdown(summary))
+
+
+def per_job(rows: list[dict], wall_s: float, n: int) -> dict:
+    """Per-job figures of one sweep's ledger rows: wall per job, and the medians of a job's time
+    from hand-off to result (``elapsed_s``), of its time in the worker (``job_s``: Hydra and the
+    task) and of the difference (the launcher's and the process's cost)."""
+    ok = [r for r in rows if r["status"] == "ok" and r["job_s"] is not None]
+    med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
+    return {
+        "ok": len(ok),
+        "wall_per_job_s": round(wall_s / n, 3),
+        "median_elapsed_s": med([r["elapsed_s"] for r in ok]),
+        "median_job_s": med([r["job_s"] for r in ok]),
+        "median_overhead_s": med([r["elapsed_s"] - r["job_s"] for r in ok]),
+        "first_job_of_worker_elapsed_s": med([r["elapsed_s"] for r in ok if r["worker_job"] == 1]),
+        "later_jobs_elapsed_s": med([r["elapsed_s"] for r in ok if r["worker_job"] > 1]),
+        "worker_processes": len({r["pid"] for r in rows}),
+    }
+
+
+def overhead_markdown(s: dict) -> str:
+    lines = [
+        f"# node_gpus cost per job, rev {s['git_rev']}, {s['time']}",
+        "",
+        f"Machine: {s['machine']}; GPUs: {s['gpus']}",
+        "",
+        f"CUDA_VISIBLE_DEVICES={s['cuda_visible_devices']} (one worker per listed value)",
+        "",
+        f"Command: `{s['command']}`",
+        "",
+        f"{s['points']} trivial points per sweep (run.py dry_run=true, timing off). elapsed: "
+        "hand-off to result in the launcher; job: Hydra and the task in the worker; overhead: the "
+        "difference (process start, imports, unpickling, result, process exit). Medians.",
+        "",
+        "| sweep | exit | ok | wall s | wall per job s | elapsed s | job s | overhead s "
+        "| 1st job of a worker s | later jobs s | processes | load avg before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in s["sweeps"]:
+        lines.append(
+            f"| {r['tag']} | {r['returncode']} | {r['ok']} | {r['wall_s']:.1f} | "
+            f"{r['wall_per_job_s']:.3f} | {r['median_elapsed_s']} | {r['median_job_s']} | "
+            f"{r['median_overhead_s']} | {r['first_job_of_worker_elapsed_s']} | "
+            f"{r['later_jobs_elapsed_s']} | {r['worker_processes']} | "
+            f"{', '.join(f'{x:.2f}' for x in r['loadavg_before'])} |"
+        )
+    on = [r["wall_per_job_s"] for r in s["sweeps"] if r["reuse_workers"]]
+    off = [r["wall_per_job_s"] for r in s["sweeps"] if not r["reuse_workers"]]
+    if on and off:
+        ratio = statistics.mean(off) / statistics.mean(on)
+        lines += ["", f"Wall per job, reuse off / on (mean over sweeps): {ratio:.2f}x"]
+    return "\n".join(lines) + "\n"
+
+
+def _machine() -> str:
+    model = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    python = platform.python_version()
+    return f"{platform.platform()}, {model}, {os.cpu_count()} CPUs visible, Python {python}"
 
 
 def _git_rev() -> str:

@@ -7,24 +7,53 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from harness_util import ROOT, run_cli
 
-from hydra_plugins.s2o_launchers.node_gpus import pick_gpus
+from hydra_plugins.s2o_launchers.node_gpus import NodeGpusLauncher, pick_gpus
 
 APP = """
-import os, signal, time
+import json, logging, os, signal, subprocess, time
+from pathlib import Path
 import hydra
+from hydra.core.hydra_config import HydraConfig
 
 @hydra.main(version_base="1.3", config_path=".", config_name="app")
 def main(cfg):
+    hc = HydraConfig.get()
+    root = logging.getLogger()
+    seen = {
+        "n": cfg.n,
+        "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cwd": os.getcwd(),
+        "job_num": hc.job.num,
+        "output_dir": hc.runtime.output_dir,
+        "leaked_env": os.environ.get("S2O_TEST_LEAK"),
+        "app_handlers": len(logging.getLogger("app").handlers),
+        "root_files": [h.baseFilename for h in root.handlers if hasattr(h, "baseFilename")],
+    }
+    if cfg.spawn:  # a child of the job: stopping the sweep must stop it too
+        seen["child"] = subprocess.Popen(["sleep", "300"]).pid
+    Path(cfg.seen_dir, f"{cfg.n}.json").write_text(json.dumps(seen))
+    # what a careless job leaves behind for the next job of its worker
+    os.environ["S2O_TEST_LEAK"] = str(cfg.n)
+    os.chdir("/")
+    logging.getLogger("app").addHandler(logging.FileHandler(Path(cfg.seen_dir, "leak.log")))
     time.sleep(cfg.sleep)
     if cfg.n == cfg.crash_at:
         os.kill(os.getpid(), signal.SIGKILL)  # a hard crash: no exception, no result
+    if cfg.n == cfg.exit_at:
+        os._exit(3)
+    if cfg.n == cfg.raise_at:
+        raise ValueError(f"job {cfg.n} raised")
     return {"status": "ok"}
 
 if __name__ == "__main__":
@@ -38,10 +67,35 @@ defaults:
 hydra:
   searchpath: [file://{conf}]
   sweep: {{dir: {sweep}}}
+  job: {{chdir: false}}
 n: 0
-sleep: 1.0
+sleep: 0.5
 crash_at: -1
+exit_at: -1
+raise_at: -1
+spawn: false
+seen_dir: {seen}
 """
+
+
+def _app(tmp_path) -> dict:
+    """Write the test app; the paths of its sweep folder and of the files its jobs write."""
+    (tmp_path / "app.py").write_text(APP)
+    sweep, seen = tmp_path / "sweep", tmp_path / "seen"
+    seen.mkdir()
+    yaml = APP_YAML.format(conf=ROOT / "conf", sweep=sweep, seen=seen)
+    (tmp_path / "app.yaml").write_text(yaml)
+    return {"sweep": sweep, "seen": seen}
+
+
+def _sweep(tmp_path, gpus: str, args: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "app.py", "-m", *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _seen(seen_dir) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in seen_dir.glob("*.json")}
 
 
 def test_pick_gpus_follows_cuda_visible_devices():
@@ -65,6 +119,12 @@ def test_pick_gpus_follows_cuda_visible_devices():
         pick_gpus([1, 1], {}, lambda: 2)
 
 
+def test_reuse_workers_must_be_a_bool():
+    assert NodeGpusLauncher(reuse_workers=False).reuse_workers is False
+    with pytest.raises(ValueError, match="reuse_workers='no' must be true or false"):
+        NodeGpusLauncher(reuse_workers="no")
+
+
 def _ledger(sweep) -> list[dict]:
     lines = (sweep / "node_gpus.jsonl").read_text().splitlines()
     return sorted((json.loads(line) for line in lines), key=lambda r: r["num"])
@@ -75,48 +135,137 @@ def _overlap(a: dict, b: dict) -> bool:
     return t(a, "start") < t(b, "end") and t(b, "start") < t(a, "end")
 
 
-def test_node_gpus_one_job_per_gpu_and_a_crash_stays_alone(tmp_path):
-    (tmp_path / "app.py").write_text(APP)
-    sweep = tmp_path / "sweep"
-    (tmp_path / "app.yaml").write_text(APP_YAML.format(conf=ROOT / "conf", sweep=sweep))
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="3,5", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "app.py", "-m", "n=0,1,2,3,4", "crash_at=2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "sweep: 1 of 5 points failed" in proc.stderr, proc.stderr[-3000:]
-    assert "#2 n=2: RuntimeError: process killed by SIGKILL" in proc.stderr, proc.stderr[-3000:]
-    jobs = _ledger(sweep)
-    assert [j["status"] for j in jobs] == ["ok", "ok", "failed", "ok", "ok"], jobs
+def _next_on_gpu(jobs: list[dict], job: dict) -> dict | None:
+    """The job the launcher handed to the GPU of ``job`` after it (ledger lines, by start)."""
+    later = [j for j in jobs if j["gpu"] == job["gpu"] and j["start"] > job["start"]]
+    return min(later, key=lambda j: j["start"]) if later else None
+
+
+def test_node_gpus_reuses_a_worker_per_gpu_and_survives_failing_jobs(tmp_path):
+    paths = _app(tmp_path)
+    args = ["n=0,1,2,3,4,5,6,7", "raise_at=1", "crash_at=2", "exit_at=4"]
+    proc = _sweep(tmp_path, "3,5", args)
+    err = proc.stderr[-3000:]
+    assert proc.returncode == 1, err
+    assert "sweep: 3 of 8 points failed" in err, err
+    assert "#1 n=1: ValueError: job 1 raised" in err, err
+    assert "#2 n=2: RuntimeError: process killed by SIGKILL before reporting" in err, err
+    assert "#4 n=4: RuntimeError: process exited (3) before reporting" in err, err
+    jobs, seen = _ledger(paths["sweep"]), _seen(paths["seen"])
+    failed = {1, 2, 4}
+    assert [j["status"] for j in jobs] == ["failed" if j["num"] in failed else "ok" for j in jobs]
     assert {j["gpu"] for j in jobs} == {"3", "5"}, jobs
-    for j in jobs:  # the job's process saw its GPU alone (the crashed one reported nothing)
-        assert j["gpu_seen_by_job"] == (None if j["num"] == 2 else j["gpu"]), j
+    for j in jobs:  # each job saw its GPU alone, in the worker the ledger names
+        assert seen[j["num"]]["cuda_visible_devices"] == j["gpu"], (j, seen[j["num"]])
+        assert seen[j["num"]]["pid"] == j["pid"], (j, seen[j["num"]])
+        assert j["gpu_seen_by_job"] == (None if j["num"] in (2, 4) else j["gpu"]), j
     pairs = [(a, b) for i, a in enumerate(jobs) for b in jobs[i + 1 :] if _overlap(a, b)]
     assert pairs, "the two GPUs never ran jobs at the same time"
     assert all(a["gpu"] != b["gpu"] for a, b in pairs), f"two jobs at once on one GPU: {pairs}"
+    assert max(j["worker_job"] for j in jobs) >= 2, f"no worker served several jobs: {jobs}"
+    by_num = {j["num"]: j for j in jobs}
+    after_raise = _next_on_gpu(jobs, by_num[1])
+    assert after_raise is not None and after_raise["pid"] == by_num[1]["pid"], jobs
+    for crashed in (2, 4):  # the GPU's next job ran in a new worker
+        after = _next_on_gpu(jobs, by_num[crashed])
+        assert after is None or after["pid"] != by_num[crashed]["pid"], jobs
+        assert after is None or after["worker_job"] == 1, jobs
+    assert any(_next_on_gpu(jobs, by_num[c]) for c in (2, 4)), "no job ran after a crash"
+    for n, s in seen.items():  # Hydra's state is the job's own; nothing of the previous job
+        assert s["job_num"] == n and s["output_dir"] == str(paths["sweep"] / str(n)), s
+        assert s["cwd"] == str(tmp_path), s
+        assert s["leaked_env"] is None and s["app_handlers"] == 0, s
+        assert s["root_files"] == [str(paths["sweep"] / str(n) / "app.log")], s
+    for j in jobs:  # Hydra's output_subdir of each job: its own overrides and job number
+        hydra_dir = paths["sweep"] / str(j["num"]) / ".hydra"
+        assert f"- n={j['num']}\n" in (hydra_dir / "overrides.yaml").read_text(), j
+        assert f"    num: {j['num']}\n" in (hydra_dir / "hydra.yaml").read_text(), j
+    for j in jobs:  # each job's output went to its own log
+        log_text = Path(j["log"]).read_text()
+        others = [f"job {m} raised" for m in range(8) if m != j["num"]]
+        assert not any(o in log_text for o in others), (j["num"], log_text)
+    assert "job 1 raised" in Path(by_num[1]["log"]).read_text()
 
 
-def test_run_py_sweep_on_node_gpus(tmp_path, monkeypatch):
+@pytest.mark.parametrize("reuse", [True, False])
+def test_node_gpus_reuse_workers_switch_and_chdir(tmp_path, reuse):
+    paths = _app(tmp_path)
+    args = ["n=0,1,2", "sleep=0", "hydra.job.chdir=true", f"hydra.launcher.reuse_workers={reuse}"]
+    proc = _sweep(tmp_path, "7", args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs, seen = _ledger(paths["sweep"]), _seen(paths["seen"])
+    assert [j["status"] for j in jobs] == ["ok"] * 3 and {j["gpu"] for j in jobs} == {"7"}, jobs
+    pids = [j["pid"] for j in jobs]
+    if reuse:
+        assert len(set(pids)) == 1 and [j["worker_job"] for j in jobs] == [1, 2, 3], jobs
+    else:
+        assert len(set(pids)) == 3 and [j["worker_job"] for j in jobs] == [1, 1, 1], jobs
+    for n, s in seen.items():  # chdir=true: each job starts in its own folder, whatever came before
+        assert s["cwd"] == s["output_dir"] == str(paths["sweep"] / str(n)), s
+        assert s["leaked_env"] is None and s["app_handlers"] == 0, s
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie nobody reaped (it holds nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_node_gpus_stopping_the_sweep_stops_workers_and_their_children(tmp_path, sig):
+    paths = _app(tmp_path)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "app.py", "-m", "n=0,1,2", "sleep=300", "spawn=true"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.time() + 60
+        while len(_seen(paths["seen"])) < 2 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        seen = _seen(paths["seen"])
+        assert len(seen) == 2, proc.stdout.read() if proc.poll() is not None else seen
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0, out[-3000:]
+    pids = [p for s in seen.values() for p in (s["pid"], s["child"])]
+    deadline = time.time() + 5
+    while not all(_gone(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), f"still running: {[p for p in pids if not _gone(p)]}"
+
+
+def test_run_py_sweep_on_node_gpus_reuses_workers_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     args = [
         "-m",
         "hydra/launcher=node_gpus",
         "method=s2o",
-        "tau=0.005,0.02",
+        "tau=0.005,0.01,0.02",
         "dry_run=true",
         "timing.enabled=false",
     ]
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = _ledger(tmp_path / "hydra_multi")
-    assert [j["status"] for j in jobs] == ["ok", "ok"] and {j["gpu"] for j in jobs} == {"0", "1"}
-    recs = [json.loads(p.read_text()) for p in tmp_path.glob("runs/s2o/*/record.json")]
-    assert sorted(r["config"]["method"]["tau"] for r in recs) == [0.005, 0.02]
+    assert [j["status"] for j in jobs] == ["ok"] * 3 and {j["gpu"] for j in jobs} == {"0", "1"}
+    assert len({j["pid"] for j in jobs}) == 2, f"3 jobs on 2 GPUs need 2 workers: {jobs}"
+    records = sorted(tmp_path.glob("runs/s2o/*/record.json"))
+    taus = sorted(json.loads(p.read_text())["config"]["method"]["tau"] for p in records)
+    assert taus == [0.005, 0.01, 0.02]
+    proc = run_cli(args, tmp_path)  # the same sweep again: every point is done
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (tmp_path / "hydra_multi" / "node_gpus.jsonl").read_text().splitlines()
+    again = [json.loads(line) for line in lines[3:]]
+    assert [j["status"] for j in again] == ["ok"] * 3, again
+    for j in again:
+        assert "skip: " in Path(j["log"]).read_text(), Path(j["log"]).read_text()
+    assert sorted(tmp_path.glob("runs/s2o/*/record.json")) == records
 
 
 def test_in_process_sweep_with_failed_points_exits_1(tmp_path):

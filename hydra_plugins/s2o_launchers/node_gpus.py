@@ -1,34 +1,54 @@
-"""Every GPU of one node (``hydra/launcher=node_gpus``): one job per GPU at a time, each in its own
-process pinned to its GPU through ``CUDA_VISIBLE_DEVICES``.
+"""Every GPU of one node (``hydra/launcher=node_gpus``): one job per GPU at a time, each GPU served
+by its own worker process pinned to it through ``CUDA_VISIBLE_DEVICES``.
 
-The launcher keeps a pool of free GPUs. A job starts when a GPU is free, in a new Python process
-whose ``CUDA_VISIBLE_DEVICES`` names that GPU alone, so the job sees one device (``cuda:0``, what
-``device=auto`` picks) and two jobs never share a GPU. When the process ends its GPU goes back to
-the pool. A job that crashes (segfault, CUDA error, killed) ends only its own process; the other
-jobs go on and the sweep's summary names it.
+The launcher starts one worker per GPU, a Python process whose ``CUDA_VISIBLE_DEVICES`` names that
+GPU alone (set before it imports anything), so its jobs see one device (``cuda:0``, what
+``device=auto`` picks) and two jobs never share a GPU. A worker runs the jobs it is handed one
+after another: with ``reuse_workers=true`` (the default) it lives for the whole sweep, so the
+interpreter start, the imports (torch, Triton, transformers), the CUDA context and Triton's
+compiled kernels are paid once per GPU instead of once per job; with ``reuse_workers=false`` it
+serves one job and exits, and the next job gets a new process (slower, but nothing a job leaves
+behind, leaked GPU memory or module state, can reach the next one).
+
+Between two jobs a reused worker puts back the working directory, the environment variables, the
+logging setup (handlers a job added are closed, levels restored) and the warnings filters, and
+frees PyTorch's cached GPU memory; each job gets Hydra's state, config and job number as in
+Hydra's joblib launcher. A job that raises (or calls ``sys.exit``) is reported failed and the
+worker goes on; a job that kills its worker (segfault, ``os._exit``, SIGKILL, a CUDA abort) is
+reported failed and a new worker takes the GPU's next job; the other GPUs go on, and the sweep's
+summary names every failed point. Ctrl-C or SIGTERM of the sweep stops the workers (each runs in
+its own process group, which is stopped whole) and a worker whose launcher died exits as well.
 
 Files under ``<hydra.sweep.dir>``: ``node_gpus.jsonl``, one line per finished job (number,
-overrides, GPU, pid, start, end, status); ``.node_gpus/<num>.pkl`` (the job: its config, the task
-function and Hydra's state, cloudpickled), ``<num>.out`` (its result) and ``<num>.log`` (its stdout
-and stderr). ``python -m hydra_plugins.s2o_launchers.node_gpus <num>.pkl`` is a job's process.
+overrides, GPU, worker pid, the worker's job count, start, end, status);
+``.node_gpus/<num>.pkl`` (the job: its config, the task function and Hydra's state,
+cloudpickled), ``<num>.out`` (its result) and ``<num>.log`` (its stdout and stderr, the worker's
+file descriptors 1 and 2 while it ran). ``python -m hydra_plugins.s2o_launchers.node_gpus`` is a
+worker: it reads one ``<num>.pkl`` path per line on stdin and answers ``done <num>`` on its
+original stdout once ``<num>.out`` is written; it exits at the end of stdin.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime as _dt
+import gc
 import json
 import logging
 import os
 import pickle
+import selectors
 import signal
 import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
@@ -40,6 +60,9 @@ from omegaconf import DictConfig, open_dict
 from .report import failure, finish
 
 log = logging.getLogger(__name__)
+
+# the launcher's pid, given to its workers: a worker whose parent is already gone exits at once
+_PARENT_ENV = "S2O_NODE_GPUS_LAUNCHER_PID"
 
 
 def pick_gpus(
@@ -94,18 +117,98 @@ class _Job(NamedTuple):
     pkl: Path
 
 
-class _Running(NamedTuple):
-    job: _Job
-    gpu: str
-    proc: subprocess.Popen
-    start: float
+class _Worker:
+    """The launcher's side of one GPU: its worker process (None between two processes), the job
+    it runs (None when idle) and how many jobs the process was handed."""
+
+    def __init__(self, gpu: str) -> None:
+        self.gpu = gpu
+        self.proc: subprocess.Popen | None = None
+        self.pid = 0
+        self.served = 0
+        self.job: _Job | None = None
+        self.start = 0.0
+        self.died = False
+        self.buf = b""
+
+    def spawn(self) -> None:
+        """A new worker process that sees this GPU alone, in its own process group."""
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.gpu, **{_PARENT_ENV: str(os.getpid())})
+        # The worker imports what this process imports (the task function's modules) from the
+        # same places, wherever the sweep was started from.
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.pid, self.served, self.died, self.buf = self.proc.pid, 0, False, b""
+
+    def hand(self, job: _Job) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.job, self.start = job, time.time()
+        self.served += 1
+        log.info(
+            f"\t#{job.num} on GPU {self.gpu} (worker pid {self.proc.pid}, its job "
+            f"{self.served}): {' '.join(job.overrides)}"
+        )
+        try:
+            self.proc.stdin.write(f"{job.pkl}\n".encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # the worker is gone: its pipe's end of file reports the job failed
+
+    def job_ended(self, readable: bool) -> bool:
+        """Whether the running job ended: the worker said ``done`` or died."""
+        assert self.proc is not None and self.proc.stdout is not None and self.job is not None
+        if readable:
+            data = os.read(self.proc.stdout.fileno(), 4096)
+            if not data:  # end of file: the worker died
+                self.died = True
+                return True
+            self.buf += data
+            lines = self.buf.split(b"\n")
+            self.buf = lines.pop()
+            return f"done {self.job.num}".encode() in lines
+        # a worker that died while a child it forked holds its pipe open gives no end of file
+        self.died = _exited(self.proc.pid)
+        return self.died
+
+    def release(self, sel: selectors.BaseSelector) -> None:
+        """No more jobs: the worker exits at the end of its stdin (reaped by :meth:`retire`)."""
+        assert self.proc is not None and self.proc.stdin is not None
+        with contextlib.suppress(KeyError):  # released before
+            sel.unregister(self.proc.stdout)
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+
+    def retire(self, sel: selectors.BaseSelector, grace_s: float, first: int | None = None) -> int:
+        """End the worker process: end of its stdin (and signal ``first`` to its group),
+        ``grace_s`` to exit, then its process group is killed (children a job left behind, or a
+        worker that did not exit); its exit code."""
+        assert self.proc is not None and self.proc.stdout is not None
+        self.release(sel)
+        code = _end(self.proc, first, grace_s)
+        self.proc.stdout.close()
+        self.proc = None
+        return code
 
 
 class NodeGpusLauncher(Launcher):
-    """One job per GPU at a time; see the module docstring."""
+    """One worker per GPU, one job at a time on each; see the module docstring."""
 
-    def __init__(self, gpus: Sequence[int] | str | None = None, poll_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[int] | str | None = None,
+        reuse_workers: bool = True,
+        poll_s: float = 0.2,
+    ) -> None:
+        if not isinstance(reuse_workers, bool):
+            raise ValueError(f"node_gpus: reuse_workers={reuse_workers!r} must be true or false")
         self.gpus = None if gpus is None else (gpus if isinstance(gpus, str) else list(gpus))
+        self.reuse_workers = reuse_workers
         self.poll_s = poll_s
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
@@ -122,12 +225,13 @@ class NodeGpusLauncher(Launcher):
         setup_globals()
         assert self.config is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         (sweep_dir / ".node_gpus").mkdir(parents=True, exist_ok=True)
         gpus = pick_gpus(self.gpus, os.environ, _cuda_count)
+        how = "one worker process per GPU" if self.reuse_workers else "one process per job"
         log.info(
             f"node_gpus: {len(job_overrides)} jobs, one at a time on each of the GPUs "
-            f"{gpus} (CUDA_VISIBLE_DEVICES values)"
+            f"{gpus} (CUDA_VISIBLE_DEVICES values), {how}"
         )
         jobs = [
             self._prepare(sweep_dir, list(o), initial_job_idx + i)
@@ -152,125 +256,245 @@ class NodeGpusLauncher(Launcher):
             "singleton_state": Singleton.get_state(),
         }
         pkl = sweep_dir / ".node_gpus" / f"{num}.pkl"
+        # an earlier sweep's result in this folder is not this job's
+        pkl.with_suffix(".out").unlink(missing_ok=True)
         pkl.write_bytes(cloudpickle.dumps(payload))
         return _Job(num, overrides, pkl)
 
     def _run(self, jobs: list[_Job], gpus: list[str], ledger: Path) -> list[JobReturn]:
-        """Start each job when a GPU is free; collect every job's return, in order."""
-        free, pending = deque(gpus), deque(jobs)
-        running: list[_Running] = []
+        """Hand each job to the first free GPU's worker; collect every job's return, in order."""
+        pending, workers = deque(jobs), [_Worker(gpu) for gpu in gpus]
         rets: dict[int, JobReturn] = {}
-        # SIGTERM (timeout, kill) ends the sweep through the finally below, jobs included
+        sel = selectors.DefaultSelector()
+        # SIGTERM (timeout, kill) ends the sweep through the finally below, workers included
         previous = signal.signal(signal.SIGTERM, _terminated)
+        finished = False
         try:
-            while pending or running:
-                while free and pending:
-                    running.append(_start(pending.popleft(), free.popleft()))
-                time.sleep(self.poll_s)
-                for run in [r for r in running if r.proc.poll() is not None]:
-                    running.remove(run)
-                    free.append(run.gpu)
-                    rets[run.job.num] = _collect(run, ledger)
+            for w in workers:
+                self._next(w, pending, sel)
+            while any(w.job is not None for w in workers):
+                ready = {key.data for key, _ in sel.select(timeout=self.poll_s)}
+                for w in workers:
+                    if w.job is None or not w.job_ended(w in ready):
+                        continue
+                    code = w.retire(sel, 10.0) if w.died or not self.reuse_workers else None
+                    rets[w.job.num] = _collect(w, code, ledger)
+                    w.job = None
+                    self._next(w, pending, sel)
+            finished = True
         finally:
-            for run in running:  # interrupted (Ctrl-C, SIGTERM): no job outlives the sweep
-                _stop(run.proc)
+            for w in workers:  # released workers exit; interrupted (Ctrl-C, SIGTERM): stopped
+                if w.proc is not None:
+                    w.retire(sel, 30.0 if finished else 10.0, None if finished else signal.SIGTERM)
+            sel.close()
             signal.signal(signal.SIGTERM, previous)
         return [rets[job.num] for job in jobs]
+
+    def _next(self, w: _Worker, pending: deque[_Job], sel: selectors.BaseSelector) -> None:
+        """Give the GPU of ``w`` the next job (a new worker if it has none), or release its
+        worker, which exits while the other GPUs finish."""
+        if not pending:
+            if w.proc is not None:
+                w.release(sel)
+            return
+        if w.proc is None:
+            w.spawn()
+            sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        w.hand(pending.popleft())
 
 
 def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _start(job: _Job, gpu: str) -> _Running:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
-    # The job's process imports what this one imports (the task function's modules) from the same
-    # places, wherever the sweep was started from.
-    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-    cmd = [sys.executable, "-m", __name__, str(job.pkl)]
-    with open(job.pkl.with_suffix(".log"), "wb") as out:
-        proc = subprocess.Popen(
-            cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-        )
-    log.info(f"\t#{job.num} on GPU {gpu} (pid {proc.pid}): {' '.join(job.overrides)}")
-    return _Running(job, gpu, proc, time.time())
+def _exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited, without reaping it: while it is a zombie its pid,
+    which is also its process group's id, cannot be reused, so signalling the group is safe."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _collect(run: _Running, ledger: Path) -> JobReturn:
-    """The job's JobReturn from its ``.out`` file (FAILED if the process died before writing it);
-    appends the job's line to the ledger."""
-    end, code = time.time(), run.proc.returncode
-    out = run.job.pkl.with_suffix(".out")
-    result = pickle.loads(out.read_bytes()) if out.exists() else None
-    ret = JobReturn(overrides=run.job.overrides, status=JobStatus.COMPLETED)
+def _end(proc: subprocess.Popen, first: int | None, grace_s: float) -> int:
+    """Send ``first`` to the worker's process group, give the worker ``grace_s`` to exit, kill
+    what is left of the group, and reap the worker; its exit code."""
+    if first is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, first)
+    deadline = time.monotonic() + grace_s
+    while not _exited(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+def _collect(w: _Worker, code: int | None, ledger: Path) -> JobReturn:
+    """The job's JobReturn from its ``.out`` file (FAILED if the worker died before writing it);
+    appends the job's line to the ledger. ``code``: the worker's exit code if it has ended."""
+    end, job = time.time(), w.job
+    assert job is not None
+    result, ret = _result(job.pkl.with_suffix(".out")), JobReturn(overrides=job.overrides)
     if result is None:
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        how = "killed by " + signal.Signals(-code).name if code and code < 0 else f"exited ({code})"
         ret.status = JobStatus.FAILED
+        log_file = job.pkl.with_suffix(".log")
         ret._return_value = RuntimeError(
-            f"process {how} before reporting; log: {run.job.pkl.with_suffix('.log')}"
+            f"process {how} before reporting (worker pid {w.pid}); log: {log_file}"
         )
     else:
         ret.status, ret._return_value = JobStatus[result["status"]], result["value"]
     why = failure(ret)
     line = {
-        "num": run.job.num,
-        "overrides": run.job.overrides,
-        "gpu": run.gpu,
+        "num": job.num,
+        "overrides": job.overrides,
+        "gpu": w.gpu,
         "gpu_seen_by_job": (result or {}).get("cuda_visible_devices"),
-        "pid": run.proc.pid,
-        "start": _iso(run.start),
+        "pid": w.pid,
+        "worker_job": w.served,
+        "start": _iso(w.start),
         "end": _iso(end),
-        "elapsed_s": round(end - run.start, 3),
+        "elapsed_s": round(end - w.start, 3),
+        # in the worker: from the job's start (its modules imported) to its end
+        "job_start": _iso((result or {}).get("job_start")),
+        "job_end": _iso((result or {}).get("job_end")),
+        "job_s": _span((result or {}).get("job_start"), (result or {}).get("job_end")),
         "returncode": code,
         "status": "ok" if why is None else "failed",
         "why": why,
-        "log": str(run.job.pkl.with_suffix(".log")),
+        "log": str(job.pkl.with_suffix(".log")),
     }
     with open(ledger, "a") as f:
         f.write(json.dumps(line) + "\n")
     log.info(
-        f"\t#{run.job.num} {line['status']} on GPU {run.gpu} in {line['elapsed_s']:.1f} s"
+        f"\t#{job.num} {line['status']} on GPU {w.gpu} in {line['elapsed_s']:.1f} s"
         + (f": {why}" if why else "")
     )
     return ret
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
+def _result(out: Path) -> dict | None:
+    """What the worker wrote to ``<num>.out``; None when it wrote nothing."""
+    if not out.exists():
+        return None
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        return pickle.loads(out.read_bytes())
+    except Exception as exc:  # noqa: BLE001  (a result that cannot be read is a failed job)
+        return {"status": "FAILED", "value": RuntimeError(f"unreadable result {out}: {exc}")}
 
 
-def _iso(t: float) -> str:
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(end - start, 3)
+
+
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def work(pkl: Path) -> int:
-    """A job's process: run the pickled job as Hydra's joblib worker does, write its result."""
+# ---------------------------------------------------------------- the worker process
+
+
+def serve() -> int:
+    """A worker: run each job named on stdin (one ``<num>.pkl`` path a line), answer ``done
+    <num>`` on the original stdout once its ``<num>.out`` is written; return at the end of stdin."""
+    _die_with_launcher()
+    control = os.fdopen(os.dup(1), "w", buffering=1)
+    jobs = os.fdopen(os.dup(0), "r")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # jobs get no stdin
+    os.close(devnull)
+    os.dup2(2, 1)  # output between jobs goes to the launcher's stderr, never into its pipe
+    for line in jobs:
+        pkl = Path(line.strip())
+        with _output_to(pkl.with_suffix(".log")):
+            result = _run_one(pkl)
+            _write_result(pkl, result)
+        control.write(f"done {pkl.stem}\n")
+    return 0
+
+
+def _die_with_launcher() -> None:
+    """Linux: the kernel kills this worker when the launcher dies, even by SIGKILL (elsewhere the
+    end of stdin ends it once its job is done)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    launcher = os.environ.pop(_PARENT_ENV, None)
+    if launcher is not None and os.getppid() != int(launcher):
+        sys.exit("node_gpus worker: the launcher is gone")
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """File descriptors 1 and 2 (Python's and C's output, child processes') go to ``path``."""
+    _flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        _flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)  # C stdio buffers of extensions
+
+
+def _run_one(pkl: Path) -> dict[str, Any]:
+    """Run the pickled job as Hydra's joblib worker does; put back what it changed in this
+    process (see :class:`_ProcessState`). A job that raises or calls ``sys.exit`` is FAILED."""
+    start = time.time()
+    try:
+        import cloudpickle
+
+        payload = cloudpickle.loads(pkl.read_bytes())  # imports the task's modules (once)
+        start = time.time()  # the job's time is Hydra's and the task's, not the imports'
+        setup_globals()
+        Singleton.set_state(payload["singleton_state"])
+        config = payload["config"]
+        HydraConfig.instance().set_config(config)
+        state = _ProcessState()
+        try:
+            ret = run_job(
+                hydra_context=payload["hydra_context"],
+                task_function=payload["task_function"],
+                config=config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        finally:
+            state.restore()
+        status, value = ret.status.name, ret._return_value
+    except SystemExit as exc:
+        status, value = "FAILED", RuntimeError(f"the job called sys.exit({exc.code!r})")
+    except Exception as exc:  # noqa: BLE001  (the job fails, the worker goes on)
+        status, value = "FAILED", exc
+    if status == "FAILED" and isinstance(value, BaseException):
+        traceback.print_exception(value)
+    return {
+        "status": status,
+        "value": value,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "pid": os.getpid(),
+        "job_start": start,
+        "job_end": time.time(),
+    }
+
+
+def _write_result(pkl: Path, result: dict[str, Any]) -> None:
     import cloudpickle
 
-    payload = cloudpickle.loads(pkl.read_bytes())
-    setup_globals()
-    Singleton.set_state(payload["singleton_state"])
-    config = payload["config"]
-    HydraConfig.instance().set_config(config)
-    ret = run_job(
-        hydra_context=payload["hydra_context"],
-        task_function=payload["task_function"],
-        config=config,
-        job_dir_key="hydra.sweep.dir",
-        job_subdir_key="hydra.sweep.subdir",
-    )
-    if ret.status == JobStatus.FAILED:
-        traceback.print_exception(ret._return_value)
-    result = {
-        "status": ret.status.name,
-        "value": ret._return_value,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
     try:
         data = cloudpickle.dumps(result)
     except Exception as exc:  # noqa: BLE001  (an unpicklable value is reported, not lost)
@@ -279,8 +503,59 @@ def work(pkl: Path) -> int:
     tmp = pkl.with_suffix(".out.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, pkl.with_suffix(".out"))
-    return 0 if ret.status == JobStatus.COMPLETED else 1
+
+
+class _ProcessState:
+    """What a job may change in the process that the next job in the same worker must not see:
+    the working directory, environment variables, ``sys.stdout``/``sys.stderr``, warnings
+    filters and logging (handlers, levels). Taken before a job, put back after it; the GPU
+    memory PyTorch cached for the job is freed."""
+
+    def __init__(self) -> None:
+        self.cwd = os.getcwd()
+        self.environ = dict(os.environ)
+        self.streams = sys.stdout, sys.stderr
+        self.warnings = list(warnings.filters)
+        self.loggers = {name: _logger_state(lg) for name, lg in _loggers()}
+
+    def restore(self) -> None:
+        os.chdir(self.cwd)
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        _flush()
+        sys.stdout, sys.stderr = self.streams
+        warnings.filters[:] = self.warnings
+        logging.disable(logging.NOTSET)
+        for name, lg in _loggers():
+            before = self.loggers.get(name)
+            for handler in list(lg.handlers):
+                # a job's handlers go (Hydra's file handler in the job's folder); NullHandlers
+                # that libraries add when first imported stay
+                if (before is None or handler not in before[3]) and not isinstance(
+                    handler, logging.NullHandler
+                ):
+                    lg.removeHandler(handler)
+                    handler.close()
+            if before is not None:  # loggers made during the job keep their library's levels
+                lg.setLevel(before[0])
+                lg.propagate, lg.disabled = before[1], before[2]
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+
+def _loggers() -> list[tuple[str, logging.Logger]]:
+    named = logging.Logger.manager.loggerDict.items()
+    return [("", logging.getLogger())] + [
+        (name, lg) for name, lg in named if isinstance(lg, logging.Logger)
+    ]
+
+
+def _logger_state(lg: logging.Logger) -> tuple[int, bool, bool, list[logging.Handler]]:
+    return lg.level, lg.propagate, lg.disabled, list(lg.handlers)
 
 
 if __name__ == "__main__":
-    sys.exit(work(Path(sys.argv[1])))
+    sys.exit(serve())
