@@ -38,6 +38,7 @@ is cut to the first ``WALK_KEYS[n]`` ranked keys, a per-segment table the launch
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -535,6 +536,15 @@ def _walk_keys(L, segment_len, local_window, block_n, walk_budget, topk_ratio, c
     if tau > 0:
         raise ValueError(f"topk_ratio={topk_ratio!r} walks without early stop: tau must be <= 0, "
                          f"got tau={tau!r}")  # fmt: skip
+    return _walk_keys_table(L, segment_len, local_window, block_n, walk_budget, float(topk_ratio),
+                            bool(causal), device)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _walk_keys_table(L, segment_len, local_window, block_n, walk_budget, topk_ratio, causal,
+                     device) -> torch.Tensor:  # fmt: skip
+    """The table, made once per geometry and device: a repeated (timed) call does no host-to-device
+    copy, which would wait for the GPU. Nothing writes into it."""
     tiles = [s2o_walk_tiles(L, s, segment_len, local_window, block_n, walk_budget, topk_ratio,
                             causal) for s in range(0, L, segment_len)]  # fmt: skip
     return torch.tensor([t * block_n for t in tiles], dtype=torch.int32, device=device)
