@@ -418,22 +418,22 @@ def test_sub_tiled_walk_across_stop_chunks(gen):
 
 
 TOPK_CASES = [
-    # dtype, variant, q_perm, Hq, Hkv, L, D, W
-    (torch.float16, "two_pass", True, 2, 1, 100, 64, 0),  # last segment of 4 rows
-    (torch.float16, "two_pass", False, 2, 2, 77, 128, 16),  # local window, no query reordering
-    (torch.float16, "fused", False, 4, 1, 90, 64, 16),  # GQA 4
-    (torch.float32, "fused", False, 2, 1, 70, 128, 0),
-    (torch.float32, "two_pass", True, 2, 1, 20, 64, 0),  # L < S and L < block: nothing ranked
+    # dtype, variant, q_perm, B, Hq, Hkv, L, D, W
+    (torch.float16, "two_pass", True, 1, 2, 1, 100, 64, 0),  # last segment of 4 rows
+    (torch.float16, "two_pass", False, 2, 2, 2, 77, 128, 16),  # batch 2, window, original order
+    (torch.float16, "fused", False, 1, 4, 1, 90, 64, 16),  # GQA 4
+    (torch.float32, "fused", False, 1, 2, 1, 70, 128, 0),
+    (torch.float32, "two_pass", True, 1, 2, 1, 20, 64, 0),  # L < S and L < block: nothing ranked
 ]
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
-@pytest.mark.parametrize("case", TOPK_CASES, ids=lambda c: f"{c[1]}-qp{int(c[2])}-L{c[5]}-D{c[6]}")
+@pytest.mark.parametrize("case", TOPK_CASES, ids=lambda c: f"{c[1]}-qp{int(c[2])}-L{c[6]}-D{c[7]}")
 def test_topk_kernels_match_reference(case, causal, gen):
     """The top-k mode (no early stop, the first ceil(r x ranked tiles) key tiles): the same visits,
     statistics and outputs as the reference, for two ratios (the visits must differ)."""
-    dtype, variant, q_perm, Hq, Hkv, L, D, W = case
-    q, k, v = _qkv(1, Hq, Hkv, L, D, dtype, gen, peak=1.5)
+    dtype, variant, q_perm, B, Hq, Hkv, L, D, W = case
+    q, k, v = _qkv(B, Hq, Hkv, L, D, dtype, gen, peak=1.5)
     perms = s2o_permutations(q, k, SEG, W, causal)
     tol = 2 * _yardstick(q, k, v, causal) + 1e-5
     visits = []
@@ -448,7 +448,8 @@ def test_topk_kernels_match_reference(case, causal, gen):
         assert err <= tol, f"ratio {ratio}: rel err {err:.3e} > tol {tol:.3e}"
         got, want = st.extra["pass2_tiles"], rst.extra["pass2_tiles"]
         assert torch.equal(got, want), f"ratio {ratio}: pass2_tiles\n{got}\nvs reference\n{want}"
-        assert torch.equal(got[0, 0], st.extra["pass2_tiles_max"]), "a walk stopped early"
+        most = st.extra["pass2_tiles_max"].expand_as(got)
+        assert torch.equal(got, most), "a walk stopped early"
         assert torch.equal(st.tiles_processed, rst.tiles_processed)
         assert st.extra["topk_ratio"] == rst.extra["topk_ratio"] == ratio
         visits.append(got)
