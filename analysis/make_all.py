@@ -26,6 +26,7 @@ from analysis import (
     ablation_tables,
     accuracy_tables,
     calibration_check,
+    fig5_bsa,
     heatmaps,
     plot_mse_vs_sparsity,
 )
@@ -631,21 +632,6 @@ def retrieval(ctx: Ctx) -> Section:
     return sec
 
 
-def fig5(ctx: Ctx) -> Section:
-    sec = Section(
-        "fig5",
-        "Fig. 5: S2O vs BSA under matched sparsity (non-causal, 32K and 128K)",
-        "Appendix Fig. 5",
-    )
-    sec.missing_line(
-        "S2O's top-k mode against the project's block-sparse kernel at matched "
-        "density, non-causal, 32K and 128K",
-        "no benchmark yet (S2O has no top-k mode; the block-sparse kernel takes "
-        "causal=False since d69a92f)",
-    )
-    return sec
-
-
 # ---------------------------------------------------------------------------- the page
 
 
@@ -664,7 +650,7 @@ SECTIONS = (
     accuracy,
     ablations,
     abcd,
-    fig5,
+    fig5_bsa.section,
     retrieval,
     calibration_check.section,
 )

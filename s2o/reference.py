@@ -41,6 +41,14 @@ Definitions (the kernels follow them exactly):
   attention.
 * **Walk budget.** ``walk_budget`` caps Pass-2 at that many key tiles per query tile (``None``:
   no cap). ``0`` skips Pass-2 entirely: the "local window only" ablation, with exact tile counts.
+* **Top-k mode** (``topk_ratio = r`` in ``(0, 1]``; the paper's comparison with block-sparse
+  attention, Appendix Fig. 5, "top-k selection based on Kernel C"). Pass-2 of a query tile of
+  segment ``n`` walks exactly the first ``ceil(r * ceil(P_n / block_n))`` tiles of its ranked
+  prefix, i.e. its first ``min(P_n, that * block_n)`` keys, with no stop rule: ``tau`` must be
+  ``<= 0`` (the method refuses ``tau > 0`` with ``topk_ratio``; here ``tau > 0`` is an error
+  too). ``r`` is read as the decimal it prints as (``0.07`` of 100 tiles is 7 tiles, see
+  :func:`~s2o.stats.topk_walk_tiles`). Pass-1 (window and own segment) stays dense. With
+  ``walk_budget`` as well, the smaller cap wins.
 * **Fused variant (appendix algorithm).** No query reordering; Pass-1, local window and the ranked
   walk run back to back on one state. Arithmetically it is Pass-2 with ``q_perm=False``; the fused
   kernel only keeps ``(m, l, acc)`` in registers instead of HBM buffers.
@@ -55,7 +63,7 @@ import math
 
 import torch
 
-from .stats import AttentionStats, _cdiv, s2o_ranked_len, s2o_stats
+from .stats import AttentionStats, _cdiv, s2o_ranked_len, s2o_stats, s2o_walk_tiles
 
 
 def segment_ranges(seq_len: int, segment_len: int) -> list[tuple[int, int]]:
@@ -199,6 +207,7 @@ def s2o_reference(
     stop_tile: str = "keep",
     walk_budget: int | None = None,
     causal: bool = True,
+    topk_ratio: float | None = None,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention (Step 1 + Pass-1 + Pass-2) in plain PyTorch; inputs are assumed validated.
 
@@ -212,12 +221,18 @@ def s2o_reference(
         walk_budget: at most this many Pass-2 key tiles per query tile; ``None``: no cap.
         causal: False: Pass-1 covers the whole own segment and Step 1 ranks every key outside
             it (see the module docstring); ``perms`` must then be non-causal too.
+        topk_ratio: the top-k mode (see the module docstring): each Pass-2 query tile walks the
+            first ``ceil(topk_ratio * ranked tiles)`` key tiles of its ranked prefix; needs
+            ``tau <= 0``. ``None``: off.
     Returns:
         out ``[B, Hq, L, D]`` in q's dtype, and :class:`AttentionStats` whose ``extra`` holds
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` (key tiles visited per Pass-2 query tile, in
         segment then walk order), ``pass2_tiles_max`` ``[n_query_tiles]`` and ``pass1_tiles``.
     """
     B, Hq, L, D = q.shape
+    if topk_ratio is not None and tau > 0:
+        raise ValueError(f"topk_ratio={topk_ratio!r} walks without early stop: tau must be <= 0, "
+                         f"got tau={tau!r}")  # fmt: skip
     group = Hq // k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q_idx, kv_idx = (
@@ -237,14 +252,15 @@ def s2o_reference(
         state = [torch.gather(x, 2, local) for x in (m, l)]
         state.append(torch.gather(acc, 2, local[..., None].expand(-1, -1, -1, D)))
         q_rows = torch.gather(qf, 2, order[..., None].expand(-1, -1, -1, D))
-        prefix = s2o_ranked_len(L, s, segment_len, local_window, causal)
-        if walk_budget is not None:
-            prefix = min(prefix, walk_budget * block_n)
+        tiles = s2o_walk_tiles(L, s, segment_len, local_window, block_n, walk_budget, topk_ratio,
+                               causal)  # fmt: skip
+        prefix = min(s2o_ranked_len(L, s, segment_len, local_window, causal), tiles * block_n)
         ranked = kv_idx[:, :, n, :prefix]
         walk = (block_m, block_n, tau, scale, stop_tile == "keep")
         visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, *walk))
         o = state[2] / state[1][..., None]
         out.scatter_(2, order[..., None].expand(-1, -1, -1, D), o)
     pass2 = torch.cat(visited, dim=-1)
-    stats = s2o_stats(pass2, L, segment_len, local_window, block_m, block_n, walk_budget, causal)
+    geometry = (L, segment_len, local_window, block_m, block_n)
+    stats = s2o_stats(pass2, *geometry, walk_budget, causal, topk_ratio)
     return out.to(q.dtype), stats

@@ -9,6 +9,7 @@ non-causal kernel (:func:`dense_tile_count` with ``causal=False``: every tile).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import torch
 
@@ -72,6 +73,46 @@ def s2o_pass1_tile_count(
     return total
 
 
+def check_topk_ratio(topk_ratio) -> float | None:
+    """``None``, or a real number in ``(0, 1]`` returned as a float; anything else is refused,
+    naming the value."""
+    if topk_ratio is None:
+        return None
+    ok = isinstance(topk_ratio, (int, float)) and not isinstance(topk_ratio, bool)
+    if not ok or not 0.0 < float(topk_ratio) <= 1.0:
+        raise ValueError(f"topk_ratio must be None or a number in (0, 1], got {topk_ratio!r}")
+    return float(topk_ratio)
+
+
+def topk_walk_tiles(ranked_tiles: int, topk_ratio: float) -> int:
+    """Key tiles S2O's top-k mode walks of a ranked prefix of ``ranked_tiles`` tiles:
+    ``ceil(topk_ratio * ranked_tiles)``, with the ratio read as the shortest decimal that prints
+    it (``0.07`` of 100 tiles is 7, not the 8 that ``math.ceil`` of the binary float product
+    gives). At least one tile of a non-empty prefix, never more than all of it."""
+    ratio = Fraction(repr(check_topk_ratio(topk_ratio)))
+    return _cdiv(ratio.numerator * ranked_tiles, ratio.denominator)
+
+
+def s2o_walk_tiles(
+    seq_len: int,
+    segment_start: int,
+    segment_len: int,
+    local_window: int,
+    block_n: int,
+    walk_budget: int | None = None,
+    topk_ratio: float | None = None,
+    causal: bool = True,
+) -> int:
+    """Most key tiles a Pass-2 query tile of segment ``[segment_start, ...)`` walks: its ranked
+    prefix ``ceil(P_n / block_n)``, cut to :func:`topk_walk_tiles` (``topk_ratio``) and to
+    ``walk_budget``, whichever are given. The walk covers the first ``min(P_n, tiles *
+    block_n)`` ranked keys."""
+    ranked = _cdiv(s2o_ranked_len(seq_len, segment_start, segment_len, local_window, causal),
+                   block_n)  # fmt: skip
+    tiles = ranked if topk_ratio is None else topk_walk_tiles(ranked, topk_ratio)
+    return tiles if walk_budget is None else min(tiles, walk_budget)
+
+
 def s2o_pass2_tile_max(
     seq_len: int,
     segment_len: int,
@@ -80,14 +121,16 @@ def s2o_pass2_tile_max(
     block_n: int,
     walk_budget: int | None = None,
     causal: bool = True,
+    topk_ratio: float | None = None,
 ) -> list[int]:
-    """Most key tiles each Pass-2 query tile can visit, ``ceil(P_n / block_n)`` capped at
-    ``walk_budget``, for every query tile in segment order."""
+    """Most key tiles each Pass-2 query tile can visit (:func:`s2o_walk_tiles`), for every query
+    tile in segment order. In the top-k mode (``topk_ratio``, no early stop) every query tile
+    visits exactly this many."""
     out = []
     for s in range(0, seq_len, segment_len):
         e = min(s + segment_len, seq_len)
-        tiles = _cdiv(s2o_ranked_len(seq_len, s, segment_len, local_window, causal), block_n)
-        tiles = tiles if walk_budget is None else min(tiles, walk_budget)
+        tiles = s2o_walk_tiles(seq_len, s, segment_len, local_window, block_n, walk_budget,
+                               topk_ratio, causal)  # fmt: skip
         out += [tiles] * _cdiv(e - s, block_m)
     return out
 
@@ -156,10 +199,12 @@ def s2o_stats(
     block_n: int,
     walk_budget: int | None,
     causal: bool = True,
+    topk_ratio: float | None = None,
 ) -> AttentionStats:
     """S2O's :class:`AttentionStats` from the Pass-2 visits ``[B, Hq, n_query_tiles]`` (the
     reference and the kernels count the same way): Pass-1 tiles plus the visits, and in ``extra``
-    ``pass2_tiles``, ``pass2_tiles_max`` ``[n_query_tiles]``, ``pass1_tiles`` and ``causal``."""
+    ``pass2_tiles``, ``pass2_tiles_max`` ``[n_query_tiles]``, ``pass1_tiles``, ``causal`` and
+    ``topk_ratio``."""
     geometry = (seq_len, segment_len, local_window, block_m, block_n)
     pass1 = s2o_pass1_tile_count(*geometry, causal=causal)
     pass2 = pass2_tiles.long()
@@ -171,9 +216,10 @@ def s2o_stats(
         extra={
             "pass2_tiles": pass2,
             "pass2_tiles_max": torch.tensor(
-                s2o_pass2_tile_max(*geometry, walk_budget, causal), dtype=torch.long
+                s2o_pass2_tile_max(*geometry, walk_budget, causal, topk_ratio), dtype=torch.long
             ),
             "pass1_tiles": pass1,
             "causal": bool(causal),
+            "topk_ratio": topk_ratio,
         },
     )

@@ -8,6 +8,7 @@ tiny shapes. Shared test inputs live here too.
 from __future__ import annotations
 
 import math
+from decimal import ROUND_CEILING, Decimal
 
 import torch
 
@@ -52,9 +53,11 @@ def _orders(q, k, b, h, kvh, segs, local_window, causal=True):
 
 def oracle_s2o(
     q, k, v, *, segment_len, tau, block_m, block_n, local_window=0, q_perm=True, stop_tile="keep",
-    walk_budget=None, causal=True,
+    walk_budget=None, causal=True, topk_ratio=None,
 ):  # fmt: skip
-    """Returns ``(out float64 [B,Hq,L,D], visited {(b, h): [tiles per query tile]}, orders)``."""
+    """Returns ``(out float64 [B,Hq,L,D], visited {(b, h): [tiles per query tile]}, orders)``.
+    ``topk_ratio``: walk the first ceil(ratio x ranked tiles) tiles (the ratio as the decimal it
+    prints as), no stop rule."""
     B, Hq, L, D = q.shape
     group = Hq // k.shape[1]
     scale = 1.0 / math.sqrt(D)
@@ -77,6 +80,11 @@ def oracle_s2o(
                     accepted = {r: list(range(lo, r + 1 if causal else e)) for r in rows}
                     count = 0
                     budget = len(kv_order) if walk_budget is None else walk_budget * block_n
+                    if topk_ratio is not None:
+                        ranked_tiles = Decimal(-(-len(kv_order) // block_n))
+                        share = Decimal(repr(topk_ratio)) * ranked_tiles
+                        kept = int(share.to_integral_value(rounding=ROUND_CEILING))
+                        budget = min(budget, kept * block_n)
                     for j in range(0, min(len(kv_order), budget), block_n):
                         tile = kv_order[j : j + block_n]
                         count += 1

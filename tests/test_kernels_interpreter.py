@@ -415,3 +415,65 @@ def test_sub_tiled_walk_across_stop_chunks(gen):
                    launch=launch, stop_chunk=chunk)  # fmt: skip
     _check_kernels(torch.float16, "fused", False, 1, 2, 1, 320, 32, 0, gen, seg=64, block=32,
                    launch=launch, stop_chunk=chunk)  # fmt: skip
+
+
+TOPK_CASES = [
+    # dtype, variant, q_perm, B, Hq, Hkv, L, D, W
+    (torch.float16, "two_pass", True, 1, 2, 1, 100, 64, 0),  # last segment of 4 rows
+    (torch.float16, "two_pass", False, 2, 2, 2, 77, 128, 16),  # batch 2, window, original order
+    (torch.float16, "fused", False, 1, 4, 1, 90, 64, 16),  # GQA 4
+    (torch.float32, "fused", False, 1, 2, 1, 70, 128, 0),
+    (torch.float32, "two_pass", True, 1, 2, 1, 20, 64, 0),  # L < S and L < block: nothing ranked
+]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("case", TOPK_CASES, ids=lambda c: f"{c[1]}-qp{int(c[2])}-L{c[6]}-D{c[7]}")
+def test_topk_kernels_match_reference(case, causal, gen):
+    """The top-k mode (no early stop, the first ceil(r x ranked tiles) key tiles): the same visits,
+    statistics and outputs as the reference, for two ratios (the visits must differ)."""
+    dtype, variant, q_perm, B, Hq, Hkv, L, D, W = case
+    q, k, v = _qkv(B, Hq, Hkv, L, D, dtype, gen, peak=1.5)
+    perms = s2o_permutations(q, k, SEG, W, causal)
+    tol = 2 * _yardstick(q, k, v, causal) + 1e-5
+    visits = []
+    for ratio in (0.3, 0.7):
+        kw = dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, local_window=W, q_perm=q_perm,
+                  causal=causal, tau=0.0, perms=perms, topk_ratio=ratio)  # fmt: skip
+        ref, rst = s2o_reference(q, k, v, **kw)
+        out = torch.full_like(q, float("nan"))
+        out, st = s2o_triton(q, k, v, variant=variant, out=out, **kw)
+        assert not out.isnan().any(), f"ratio {ratio}: {int(out.isnan().sum())} outputs unwritten"
+        err = _rel(out, ref)
+        assert err <= tol, f"ratio {ratio}: rel err {err:.3e} > tol {tol:.3e}"
+        got, want = st.extra["pass2_tiles"], rst.extra["pass2_tiles"]
+        assert torch.equal(got, want), f"ratio {ratio}: pass2_tiles\n{got}\nvs reference\n{want}"
+        most = st.extra["pass2_tiles_max"].expand_as(got)
+        assert torch.equal(got, most), "a walk stopped early"
+        assert torch.equal(st.tiles_processed, rst.tiles_processed)
+        assert st.extra["topk_ratio"] == rst.extra["topk_ratio"] == ratio
+        visits.append(got)
+    ranked = L > SEG + W if causal else L > SEG
+    if ranked:
+        assert bool((visits[0] < visits[1]).any()), "ratios 0.3 and 0.7 walked the same tiles"
+
+
+def test_topk_kernels_refuse_early_stop(gen):
+    q, k, v = _qkv(1, 2, 1, 64, 16, torch.float16, gen)
+    with pytest.raises(ValueError, match=r"topk_ratio=0\.5 .*tau must be <= 0, got tau=0\.01"):
+        s2o_triton(q, k, v, segment_len=SEG, tau=0.01, block_m=BLOCK, block_n=BLOCK,
+                   topk_ratio=0.5)  # fmt: skip
+
+
+def test_topk_method_triton_path_equals_reference_path(gen):
+    """``topk_ratio`` reaches the kernels through the method interface (non-causal, fp32)."""
+    from s2o import sparse_attention
+
+    q, k, v = _qkv(1, 4, 2, 100, 64, torch.float32, gen)
+    knobs = dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, tau=0.0, topk_ratio=0.2,
+                 causal=False)  # fmt: skip
+    out, st = sparse_attention("s2o", q, k, v, impl="triton", **knobs)
+    ref, rst = sparse_attention("s2o", q, k, v, impl="reference", **knobs)
+    assert _rel(out, ref) <= 2 * _yardstick(q, k, v, causal=False) + 1e-5
+    assert torch.equal(st.extra["pass2_tiles"], rst.extra["pass2_tiles"])
+    assert st.sparsity == rst.sparsity > 0

@@ -42,6 +42,7 @@ def s2o_triton(
     launch: dict[str, Launch] | None = None,
     stop_chunk: tuple[int, int] | None = None,
     descriptors: bool | None = None,
+    topk_ratio: float | None = None,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention with the Triton kernels; inputs are assumed validated (see ``s2o.api``).
 
@@ -64,6 +65,9 @@ def s2o_triton(
             the head size and GPU. The tiles counted (``block_m x block_n``) never change.
         stop_chunk: ``(first chunk, growth)`` of the early-stop walk (default :data:`STOP_CHUNK`).
         descriptors: TMA loads of contiguous K/V tiles (None: automatic).
+        topk_ratio: S2O's top-k mode (see :mod:`s2o.reference`): each Pass-2 query tile walks
+            the first ``ceil(topk_ratio * ranked tiles)`` key tiles, no early stop (``tau``
+            must be ``<= 0``); ``None``: off.
     Returns:
         ``out`` ``[B, Hq, L, D]`` and :class:`AttentionStats` with the reference's ``extra``:
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` int64, ``pass2_tiles_max``, ``pass1_tiles``.
@@ -81,7 +85,7 @@ def s2o_triton(
                           sort_mode=step1_sort, causal=causal)  # fmt: skip
     qp, kvp = perms
     walk = dict(tau=tau, scale=scale, stop_tile=stop_tile, out=out, walk_budget=walk_budget,
-                stop_chunk=stop_chunk)  # fmt: skip
+                stop_chunk=stop_chunk, topk_ratio=topk_ratio)  # fmt: skip
     if variant == "fused":
         if q_perm:
             raise ValueError("variant='fused' does not reorder queries: q_perm must be False")
@@ -96,5 +100,6 @@ def s2o_triton(
             q, k, v, state, qp, kvp, use_qperm=bool(q_perm), launch=launch.get("pass2"), **walk,
             **geo,
         )  # fmt: skip
-    stats = s2o_stats(visited, L, segment_len, local_window, block_m, block_n, walk_budget, causal)
+    geometry = (L, segment_len, local_window, block_m, block_n)
+    stats = s2o_stats(visited, *geometry, walk_budget, causal, topk_ratio)
     return out, stats

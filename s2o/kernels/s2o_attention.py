@@ -30,16 +30,22 @@ ranks every key outside the window and the segment.
 Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
 ``USE_QPERM`` (gather query rows through ``q_perm``), ``GATHER`` (gather key rows through
 ``kv_perm``; off = contiguous key tiles ``0..P-1``) and ``EARLY_STOP`` (stop-rule control flow).
+``TOPK`` is S2O's top-k mode (``topk_ratio``; benchmarks/fig5_bsa.py): the walk of segment ``n``
+is cut to the first ``WALK_KEYS[n]`` ranked keys, a per-segment table the launcher computes with
+:func:`s2o.stats.s2o_walk_tiles` (the decimal rounding of the ratio stays on the host); with
+``tau <= 0`` it is the plain indexed-sorted walk (kernel C) over those tiles.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from ..stats import s2o_walk_tiles
 from .launch import Launch, check_head_dim, resolve_launch
 from .tma import kernel_kv_args
 
@@ -373,6 +379,16 @@ def _ranked_len(seg_start, S, W, L, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _walk_len(P, MAX_P, WALK_KEYS, seg, TOPK: tl.constexpr):
+    """Ranked keys the walk visits: ``P`` cut to the walk budget and, in the top-k mode, to the
+    segment's ``WALK_KEYS`` entry."""
+    P = tl.minimum(P, MAX_P)
+    if TOPK:
+        P = tl.minimum(P, tl.load(WALK_KEYS + seg))
+    return P
+
+
+@triton.jit
 def _s2o_pass1_kernel(
     Q, K, V, K_desc, V_desc, M_buf, L_buf, O_buf,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
@@ -413,12 +429,13 @@ def _s2o_pass1_kernel(
 
 @triton.jit
 def _s2o_pass2_kernel(
-    Q, K, V, O, QP, KVP, M_buf, L_buf, O_buf, VISITED,
+    Q, K, V, O, QP, KVP, M_buf, L_buf, O_buf, VISITED, WALK_KEYS,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
     GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
+    TOPK: tl.constexpr,
 ):  # fmt: skip
     """Ranked walk with early stop for one query tile of ``Q_perm`` order; scatters the output.
 
@@ -429,7 +446,7 @@ def _s2o_pass2_kernel(
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
     seg = a // S
     seg_start = seg * S
-    P = tl.minimum(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P)
+    P = _walk_len(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P, WALK_KEYS, seg, TOPK)
     slots = a + tl.arange(0, BLOCK_M)
     row_ok = slots < tl.minimum(seg_start + S, L)
     if USE_QPERM:
@@ -458,13 +475,13 @@ def _s2o_pass2_kernel(
 
 @triton.jit
 def _s2o_fused_kernel(
-    Q, K, V, K_desc, V_desc, O, KVP, VISITED,
+    Q, K, V, K_desc, V_desc, O, KVP, VISITED, WALK_KEYS,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
-    SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
+    SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
@@ -488,7 +505,8 @@ def _s2o_fused_kernel(
     )  # fmt: skip
     m_i, l_i, acc, visited = _ranked_walk(
         q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
-        stride_kl, stride_vl, tl.minimum(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P), row_ok,
+        stride_kl, stride_vl,
+        _walk_len(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P, WALK_KEYS, seg, TOPK), row_ok,
         qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
         STOP_GROW, SUB_N,
     )  # fmt: skip
@@ -507,6 +525,29 @@ def _keep(stop_tile: str) -> bool:
 def _max_prefix(walk_budget: int | None, block_n: int, seq_len: int) -> int:
     """Longest ranked prefix a walk may visit: ``walk_budget`` tiles, or all of it."""
     return seq_len if walk_budget is None else min(walk_budget * block_n, seq_len)
+
+
+def _walk_keys(L, segment_len, local_window, block_n, walk_budget, topk_ratio, causal, tau,
+               device) -> torch.Tensor | None:  # fmt: skip
+    """Top-k mode: ``[N]`` int32 ranked keys each segment's walk may visit (``None`` when
+    ``topk_ratio`` is None). Refuses ``tau > 0``: the top-k mode has no early stop."""
+    if topk_ratio is None:
+        return None
+    if tau > 0:
+        raise ValueError(f"topk_ratio={topk_ratio!r} walks without early stop: tau must be <= 0, "
+                         f"got tau={tau!r}")  # fmt: skip
+    return _walk_keys_table(L, segment_len, local_window, block_n, walk_budget, float(topk_ratio),
+                            bool(causal), device)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _walk_keys_table(L, segment_len, local_window, block_n, walk_budget, topk_ratio, causal,
+                     device) -> torch.Tensor:  # fmt: skip
+    """The table, made once per geometry and device: a repeated (timed) call does no host-to-device
+    copy, which would wait for the GPU. Nothing writes into it."""
+    tiles = [s2o_walk_tiles(L, s, segment_len, local_window, block_n, walk_budget, topk_ratio,
+                            causal) for s in range(0, L, segment_len)]  # fmt: skip
+    return torch.tensor([t * block_n for t in tiles], dtype=torch.int32, device=device)
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -575,7 +616,7 @@ def s2o_pass2(
     q, k, v, state, q_perm, kv_perm, *, segment_len, local_window, block_m, block_n, tau,
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
     walk_budget=None, causal=True, launch: Launch | None = None,
-    stop_chunk: tuple[int, int] | None = None,
+    stop_chunk: tuple[int, int] | None = None, topk_ratio: float | None = None,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
@@ -586,7 +627,8 @@ def s2o_pass2(
     at most that many key tiles per query tile (``None``: no cap). ``causal=False``: row ``n`` of
     ``kv_perm`` ranks every key outside the window and the own segment. ``launch``: see
     :class:`~s2o.kernels.launch.Launch`; ``stop_chunk``: ``(first chunk, growth)`` of the
-    early-stop walk, default :data:`STOP_CHUNK`.
+    early-stop walk, default :data:`STOP_CHUNK`. ``topk_ratio``: S2O's top-k mode, each query
+    tile walks the first ``ceil(topk_ratio * ranked tiles)`` key tiles (needs ``tau <= 0``).
     """
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
@@ -600,14 +642,17 @@ def s2o_pass2(
     )
     cfg = _discard_stages(cfg, launch, sub_n < block_n and early_stop and not _keep(stop_tile))
     m, l, o1 = state
+    walk_keys = _walk_keys(L, segment_len, local_window, block_n, walk_budget, topk_ratio, causal,
+                           tau, q.device)  # fmt: skip
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
         q, k, v, out, q_perm.contiguous(), kvp, m, l, o1, visited,
+        visited if walk_keys is None else walk_keys,
         *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp), L, Hq, Hq // k.shape[1],
         segment_len, local_window, n_tiles, qk_scale, float(tau),
         _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=chunk, STOP_GROW=grow, SUB_N=sub_n,
-        CAUSAL=bool(causal), **cfg,
+        CAUSAL=bool(causal), TOPK=walk_keys is not None, **cfg,
     )  # fmt: skip
     return out, visited
 
@@ -616,11 +661,11 @@ def s2o_fused(
     q, k, v, kv_perm, *, segment_len, local_window, block_m, block_n, tau, scale=None,
     gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None, causal=True,
     launch: Launch | None = None, stop_chunk: tuple[int, int] | None = None,
-    descriptors: bool | None = None,
+    descriptors: bool | None = None, topk_ratio: float | None = None,
 ):  # fmt: skip
-    """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`;
-    ``launch.sub_n`` is also the key tile of its dense part, ``descriptors`` as
-    :func:`s2o_pass1`."""
+    """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`
+    (``topk_ratio`` too); ``launch.sub_n`` is also the key tile of its dense part,
+    ``descriptors`` as :func:`s2o_pass1`."""
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
     )
@@ -631,12 +676,15 @@ def s2o_fused(
     sub_n, cfg = resolve_launch("fused", launch, head_d=D, block_n=block_n, device=q.device)
     cfg = _discard_stages(cfg, launch, sub_n < block_n and early_stop and not _keep(stop_tile))
     descs, use_desc = kernel_kv_args(k, v, sub_n, descriptors)
+    walk_keys = _walk_keys(L, segment_len, local_window, block_n, walk_budget, topk_ratio, causal,
+                           tau, q.device)  # fmt: skip
     _s2o_fused_kernel[(n_tiles, B * Hq)](
-        q, k, v, *descs, out, kvp, visited, *_strides(q), *_strides(k), *_strides(v),
+        q, k, v, *descs, out, kvp, visited, visited if walk_keys is None else walk_keys,
+        *_strides(q), *_strides(k), *_strides(v),
         *_kv_strides(kvp), L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale,
         float(tau), _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop, KEEP_STOP=_keep(stop_tile), IEEE=ieee,
         STOP_CHUNK=chunk, STOP_GROW=grow, USE_DESC=use_desc, SUB_N=sub_n, CAUSAL=bool(causal),
-        **cfg,
+        TOPK=walk_keys is not None, **cfg,
     )  # fmt: skip
     return out, visited

@@ -1,9 +1,18 @@
-"""S2O behind the method interface: ``estimate`` is Step 1, ``attend`` is Pass-1 + Pass-2."""
+"""S2O behind the method interface: ``estimate`` is Step 1, ``attend`` is Pass-1 + Pass-2.
+
+``topk_ratio`` (default ``None``: off) is S2O's top-k mode, the paper's setting for the
+comparison with block-sparse attention at matched sparsity (Appendix Fig. 5): each Pass-2 query
+tile walks exactly the first ``ceil(topk_ratio * ranked tiles)`` key tiles of its ranked prefix,
+with no early stop; Pass-1 stays dense. It replaces the stop rule rather than adding to it, so it
+needs ``tau <= 0`` (``tau > 0`` with it is refused, naming both; ``stop_tile`` then changes
+nothing). ``walk_budget`` still caps the walk.
+"""
 
 from __future__ import annotations
 
 from ..api import check_s2o_args, resolve_impl
 from ..reference import s2o_permutations, s2o_reference
+from ..stats import check_topk_ratio
 from ..validation import check_choice
 from .launch_knob import check_per_kernel, to_launch
 from .registry import Method, register
@@ -23,17 +32,31 @@ DEFAULTS = {
     "step1_sort": "chunks",
     "causal": True,
     "launch": None,
+    "topk_ratio": None,
 }
 LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
 
-def _check(*, impl, step1_sort, causal, launch, **knobs):
+def _check_topk(topk_ratio, tau) -> float | None:
+    """The top-k mode's ratio as a float (None: off); it has no early stop, so ``tau > 0`` with
+    it is refused."""
+    ratio = check_topk_ratio(topk_ratio)
+    if ratio is not None and float(tau) > 0:
+        raise ValueError(
+            f"topk_ratio={topk_ratio!r} walks a fixed share of the ranked prefix without early "
+            f"stop: set tau <= 0 (got tau={tau!r})"
+        )
+    return ratio
+
+
+def _check(*, impl, step1_sort, causal, launch, topk_ratio, **knobs):
     check_per_kernel(launch, LAUNCH_KERNELS)
     check_choice("impl", impl, ("auto", "reference", "triton"))
     check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     check_s2o_args(**knobs)
+    _check_topk(topk_ratio, knobs["tau"])
 
 
 def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, **_):
@@ -48,13 +71,13 @@ def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, *
     )  # fmt: skip
 
 
-def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, **knobs):
+def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, topk_ratio, **knobs):
     """Knobs as ``attend`` takes them: the effective ``q_perm`` (validated once), a float tau and
-    the Triton launch settings as ``{kernel: Launch}``."""
+    topk_ratio, and the Triton launch settings as ``{kernel: Launch}``."""
     use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, tau=tau, **knobs)
     return dict(
         knobs, variant=variant, q_perm=use_q_perm, tau=float(tau), step1_sort=step1_sort,
-        impl=impl, causal=causal, launch=launch,
+        impl=impl, causal=causal, launch=launch, topk_ratio=_check_topk(topk_ratio, tau),
     )  # fmt: skip
 
 
