@@ -7,7 +7,7 @@ import os
 import torch
 
 from .reference import s2o_reference
-from .stats import AttentionStats
+from .stats import AttentionStats, check_topk_ratio
 from .validation import (
     check_bool,
     check_choice,
@@ -103,6 +103,7 @@ def s2o_attention(
     stop_tile: str = "keep",
     walk_budget: int | None = None,
     causal: bool = True,
+    topk_ratio: float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
     """S2O sparse prefill attention, causal by default.
 
@@ -130,6 +131,9 @@ def s2o_attention(
         causal: False: each query sees its whole segment densely and Step 1 ranks every key
             outside it (window and own segment excepted); sparsity counts against the dense
             non-causal tile count.
+        topk_ratio: S2O's top-k mode (the paper's comparison with block-sparse attention): each
+            Pass-2 query tile walks the first ``ceil(topk_ratio * ranked tiles)`` key tiles of its
+            ranked prefix with no early stop; needs ``tau <= 0``. ``None``: off.
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     Raises:
@@ -146,10 +150,16 @@ def s2o_attention(
     )  # fmt: skip
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
+    topk_ratio = check_topk_ratio(topk_ratio)
+    if topk_ratio is not None and tau > 0:
+        raise ValueError(
+            f"topk_ratio={topk_ratio!r} walks a fixed share of the ranked prefix without early "
+            f"stopping: tau must be <= 0, got tau={tau!r}"
+        )
     knobs = dict(
         segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=use_q_perm, scale=scale, stop_tile=stop_tile,
-        walk_budget=walk_budget, causal=causal,
+        walk_budget=walk_budget, causal=causal, topk_ratio=topk_ratio,
     )  # fmt: skip
     chosen = resolve_impl(impl, q.device)
     check_interpreter_dtype(chosen, q)

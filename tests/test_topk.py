@@ -149,3 +149,18 @@ def test_method_topk_knob_reaches_the_reference():
     assert torch.equal(out, ref)
     assert torch.equal(stats.extra["pass2_tiles"], rst.extra["pass2_tiles"])
     assert 0 < stats.sparsity < 1
+
+
+def test_public_s2o_attention_takes_topk_ratio():
+    from s2o import s2o_attention
+
+    q, k, v = structured_qkv(1, 2, 1, 100, 8, seed=8)
+    out, stats = s2o_attention(q, k, v, segment_len=32, tau=0.0, block_m=16, block_n=16,
+                               causal=False, topk_ratio=0.3, return_stats=True)  # fmt: skip
+    ref, rst = s2o_reference(q, k, v, segment_len=32, tau=0.0, block_m=16, block_n=16,
+                             causal=False, topk_ratio=0.3)  # fmt: skip
+    assert torch.equal(out, ref) and stats.sparsity == rst.sparsity
+    with pytest.raises(ValueError, match=r"topk_ratio must be None or a number in \(0, 1\], got 2"):
+        s2o_attention(q, k, v, segment_len=32, tau=0.0, block_m=16, block_n=16, topk_ratio=2)
+    with pytest.raises(ValueError, match=r"tau must be <= 0, got tau=0\.01"):
+        s2o_attention(q, k, v, segment_len=32, tau=0.01, block_m=16, block_n=16, topk_ratio=0.5)
