@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,3 +208,19 @@ def test_harness_paper_scale_smoke_runs_every_step(tmp_path):
     assert names == {"hparams_tau", "component_ablation", "hparams_S", "fig4a_mse_vs_sparsity"}
     methods = {p.parent.parent.name for p in (tmp_path / "runs").glob("*/*/record.json")}
     assert {"s2o", "full", "flexprefill", "xattn", "pbs"} <= methods, methods
+
+
+@pytest.mark.interpreter
+def test_bench_tables_print_every_record(records, capsys):
+    """``python -m analysis.bench_tables`` on the smoke records and on committed old ones."""
+    from analysis import bench_tables
+
+    old = [ROOT / "results/kernels/run8/cub_311baa7/bench_NVIDIA_H200.json",
+           ROOT / "results/baselines/bench_baselines.json",
+           ROOT / "results/kernels/run8/step1_probe_07f2549.json"]  # fmt: skip
+    new = [Path(r["_path"]) for r in records[0].values()]
+    bench_tables.main([str(p) for p in old + new])
+    text = capsys.readouterr().out
+    assert text.count("\n## ") + text.startswith("## ") == len(old) + len(new)
+    assert "| 131072 | 429.77 | 250.62 | 7.90 | 354.79 | 0.002 | 0.410 |" in text  # run8, cub
+    assert "| 128 | False |" in text and "full_math" in text
