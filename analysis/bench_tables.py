@@ -5,8 +5,9 @@
 Prints, per record, what its benchmark measured: ``bench_s2o``: per L and tau the totals against
 flash, and Step 1 by S; ``abcd``: the variants per (L, case); ``retrieval_latency``: Step 1 per
 (L, S, sort mode) and flash per L; ``bench_baselines``: the methods at their defaults and the
-shared kernel at random densities. Each table is one DataFrame through
-:func:`analysis.tables.markdown`; nothing is recomputed beyond ratios of recorded times.
+shared kernel at random densities; ``fig5_bsa``: its rows (``analysis/fig5_bsa.py`` draws them).
+Each table is one DataFrame through :func:`analysis.tables.markdown`; nothing is recomputed
+beyond ratios of recorded times.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def tables(rec: dict) -> str:
         parts.append(_md(br.step1_frame(rec)))
         if len(br.flash_frame(rec)):
             parts += ["", _md(br.flash_frame(rec))]
+    elif name == "fig5_bsa":
+        parts.append(_md(pd.DataFrame(rec["metrics"]["rows"]), {"density": ".4f"}))
     elif name == "bench_baselines":
         methods, kernel = baselines_frames(rec)
         parts += [_md(methods, {"density": ".4f", "mse": ".3e"}), "", _md(kernel)]

@@ -26,6 +26,7 @@ SMOKE_RUNS = {
     "bench_baselines": [],
     # every optional part once: tuning, the stop-check sweep, the Step-1 breakdown, ABCD
     "bench_s2o": ["--abcd", "--tune", "--sweep", "1", "--step1-breakdown", "1"],
+    "fig5_bsa": ["--lengths", "160", "--ratios", "0.5"],  # tests/test_fig5_bsa.py checks more
 }
 
 
@@ -79,6 +80,8 @@ def test_smoke_run_writes_one_record_in_the_harness_schema(records, name):
         assert {r["method"] for r in m["methods"]} >= {"full_math", "flexprefill", "xattn", "pbs"}
         assert not [r for r in m["methods"] if "error" in r], m["methods"]
         assert {r["target_density"] for r in m["kernel"]} == {0.05, 0.10, 0.25, 0.50, 1.0}
+    elif name == "fig5_bsa":
+        assert {r["method"] for r in m["rows"]} == {"s2o_topk", "s2o_topk_fused", "bsa"}
     else:
         (length,) = m["lengths"]
         assert set(length["abcd"]) == set(br.ABCD) and length["full_ms"]["math"] > 0
