@@ -32,6 +32,11 @@ def benchmark(rec: dict) -> str | None:
     return None
 
 
+def partial(rec: dict) -> bool:
+    """A benchmark record written before its run ended (cut off: only the lengths it reached)."""
+    return rec.get("kind") == "benchmark" and rec.get("status") != "ok"
+
+
 def machine(rec: dict) -> dict:
     """``{"gpu", "git", "date"}`` of any benchmark record."""
     if rec.get("kind") == "benchmark":

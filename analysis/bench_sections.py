@@ -43,8 +43,9 @@ def pinned(ctx, key: str) -> list[tuple[dict, str]]:
 
 def _source(rec: dict, path: str) -> str:
     m, sh = br.machine(rec), br.shape(rec)
+    cut = "; PARTIAL: the run stopped before its last length" if br.partial(rec) else ""
     return (f"`{path}` ({m['gpu']}, git {m['git']}, shape {sh['Hq']}/{sh['Hkv']} heads, "
-            f"D={sh['D']})")  # fmt: skip
+            f"D={sh['D']}{cut})")  # fmt: skip
 
 
 def _kernel_table(ours: pd.DataFrame, paper: dict) -> pd.DataFrame:
@@ -169,7 +170,8 @@ def retrieval(ctx) -> Section:
         "D=128, bf16, causal; the paper does not state the shape of its flash column (320 ms at "
         "128K, where its ABCD table's dense kernel at H=32 takes 717 ms).",
     ]
-    sec.sources.append(f"`{ppath}` ({m['gpu']}, git {m['git']})")
+    cut = "; PARTIAL: the run stopped before its last length" if br.partial(probe) else ""
+    sec.sources.append(f"`{ppath}` ({m['gpu']}, git {m['git']}{cut})")
     if flash_src and flash_src[0][1] != ppath:
         sec.sources.append(f"`{flash_src[0][1]}` (flash column)")
     return sec

@@ -141,7 +141,7 @@ class Recorder:
     def __post_init__(self):
         import torch
 
-        from experiments.provenance import code_revision, environment
+        from experiments.provenance import code_revision, environment, is_tracked
 
         self.t0 = time.perf_counter()
         self.config = {**self.config, "shape": asdict(self.shape)}
@@ -156,10 +156,10 @@ class Recorder:
             "environment": env, "metrics": self.metrics,
         }  # fmt: skip
         self.path = Path(self.out) / self.benchmark / digest / "record.json"
-        from experiments.provenance import is_tracked
-
         if self.path.exists() and is_tracked(self.path):
             raise SystemExit(f"{self.path} is a committed record: pass --out <another folder>")
+        if self.path.exists():  # same config, code and GPU model: this run replaces it
+            print(f"replacing {self.path} (an uncommitted record of the same run)", flush=True)
 
     def save(self, done: bool = False) -> Path:
         """Write the record atomically; ``done`` marks it ``ok``."""

@@ -107,6 +107,11 @@ def test_the_analysis_reads_the_smoke_records(records, tmp_path):
     frame = br.abcd_frame(recs["abcd"])
     a_to_b = (frame["B"] / frame["A"] - 1) * 100
     assert all(f"{x:+.1f}%" in text for x in a_to_b), (list(a_to_b), text)
+    assert "PARTIAL" not in sec.sources[0]
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({**recs["abcd"], "status": "partial"}))
+    ctx.manifest = {"records": {"kernels": {**pins["kernels"], "abcd": str(cut)}}}
+    assert "PARTIAL" in bench_sections.abcd(ctx).sources[0]  # a cut-off run says so
     sec = bench_sections.retrieval(ctx)
     assert sec.sources and "chunks S=512" in "\n".join(sec.body)
     table = "\n".join(sec.body)
