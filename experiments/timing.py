@@ -9,9 +9,6 @@ from collections.abc import Callable
 
 import torch
 
-# do_bench budgets (ms) and CPU call counts of the benchmarks; the harness's come from conf/timing
-DEFAULT_TIMING = {"cuda_warmup_ms": 25.0, "cuda_rep_ms": 200.0, "warmup": 1, "rep": 3}
-
 
 def bench_ms(fn: Callable[[], object], device: torch.device, timing: dict) -> float:
     """Median milliseconds of ``fn``: ``do_bench`` on CUDA, wall-clock over ``rep`` calls on CPU.
