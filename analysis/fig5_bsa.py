@@ -14,8 +14,8 @@ from analysis.tables import markdown
 
 LENGTHS = (32768, 131072)
 GPU_COMMAND = (
-    "`PYTHONPATH=. python3 benchmarks/fig5_bsa.py --out results/fig5 --rev <git sha>` (GPU; "
-    "then pin `records.fig5.bsa: fig5/fig5_bsa_<GPU name>.json` in `results/manifest.yaml`)"
+    "`python -m benchmarks.fig5_bsa --rev <git sha>` (GPU; then pin `records.fig5.bsa: "
+    "benchmarks/fig5_bsa/<id>/record.json` in `results/manifest.yaml`)"
 )
 # method -> (legend label, colour, marker)
 METHODS = {
@@ -46,10 +46,22 @@ FORMATS = {
 }
 
 
+def view(rec: dict) -> tuple[dict, dict]:
+    """``(env, cfg)`` of a ``fig5_bsa`` benchmark record (:mod:`benchmarks.common`'s schema): the
+    machine and command, and the configuration with the shape's fields at the top level."""
+    if rec.get("benchmark") != "fig5_bsa":
+        raise ValueError(f"not a fig5_bsa benchmark record (benchmark {rec.get('benchmark')!r})")
+    e, cfg = rec["environment"], rec["config"]
+    device = e["device_name"] + (", TRITON_INTERPRET=1 smoke run" if cfg["smoke"] else "")
+    env = {"device": device, "driver": e["driver"], "torch": e["torch"], "triton": e["triton"],
+           "git_rev": e["git_revision"], "command": rec["command"]}  # fmt: skip
+    return env, {**cfg, **cfg["shape"]}
+
+
 def frame(rec: dict) -> pd.DataFrame:
     """The record's rows (one per length, ratio and method), sorted, with ``ideal`` = 1/density:
     the speedup of a kernel whose time is proportional to the tiles it computes."""
-    df = pd.DataFrame(rec["rows"])
+    df = pd.DataFrame(rec["metrics"]["rows"])
     df["ideal"] = 1.0 / df["density"]
     order = {m: i for i, m in enumerate(METHODS)}
     df = df.assign(_m=df["method"].map(order)).sort_values(["L", "ratio", "_m"])
@@ -113,7 +125,7 @@ def section(ctx) -> Section:
             GPU_COMMAND,
         )
         return sec
-    env, cfg = rec["env"], rec["config"]
+    env, cfg = view(rec)
     df = frame(rec)
     title = f"S2O top-k vs BSA, non-causal, {cfg['dtype']}, {env['device']}"
     sec.files.append(plot(df, title, ctx.out / "fig5_bsa_topk.png"))
@@ -138,14 +150,15 @@ def section(ctx) -> Section:
             else "ceil(r x key blocks) per query block (S2O's density is higher by its own segment)"
         )
         + f"; B={cfg['B']}, {cfg['Hq']} query / {cfg['Hkv']} KV heads, D={cfg['D']}, "
-        f"{cfg['block']}x{cfg['block']} tiles; input: {cfg['input']} (in the top-k mode the "
+        f"{cfg['block']}x{cfg['block']} tiles; input: eval/synthetic.py (`--input "
+        f"{cfg['input']}`, seed {cfg['seed']}; in the top-k mode the "
         f"tile counts do not depend on it). Flash: {cfg['flash']}, non-causal.",
     ]
     sec.sources.append(
         f"`{path}` ({env['device']}, driver {env['driver']}, torch {env['torch']}, Triton "
         f"{env['triton']}, git {str(env['git_rev'])[:7]}); made by `{env['command']}`"
     )
-    if rec.get("smoke"):
+    if cfg["smoke"]:
         sec.body.insert(0, "**Not a measurement:** this record is a CPU smoke run of the "
                         "script under the Triton interpreter (tiny shapes); its times say "
                         "nothing about speed.\n")  # fmt: skip

@@ -25,6 +25,7 @@ import yaml
 from analysis import (
     ablation_tables,
     accuracy_tables,
+    bench_sections,
     calibration_check,
     fig5_bsa,
     heatmaps,
@@ -514,122 +515,7 @@ def ablations(ctx: Ctx) -> Section:
     return sec
 
 
-# ------------------------------------------------------------------------- kernel records
-
-
-def abcd(ctx: Ctx) -> Section:
-    sec = Section(
-        "abcd",
-        "ABCD decomposition (causal, non-causal) and per-component overhead",
-        "Appendix tables: ABCD decomposition (causal / non-causal), per-component "
-        "marginal overhead (A100, S=1024)",
-    )
-    rec, path = ctx.record("kernels.abcd")
-    if rec is None:
-        sec.missing_line(
-            "a bench_s2o record with `abcd` (records.kernels.abcd)",
-            "`python benchmarks/bench_s2o.py --abcd --rev <sha>` (GPU)",
-        )
-        return sec
-    paper = ctx.paper["abcd"]
-    ours = pd.DataFrame(rec["abcd"]).sort_values("L")
-    lengths = [int(v) for v in ours["L"]]
-    rows = []
-    for kernel, label in (
-        ("A", "A: dense"),
-        ("B", "B: indexed seq"),
-        ("C", "C: indexed sorted"),
-        ("D", "D: early stop (off)"),
-    ):
-        row = {"kernel": label}
-        for L in lengths:
-            row[f"ours {L // 1024}K"] = float(ours.loc[ours["L"] == L, kernel].iloc[0])
-            row[f"paper {L // 1024}K"] = paper["causal"].get(kernel, {}).get(L)
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    fmt = {c: ".2f" for c in df.columns if c != "kernel"}
-    trans = []
-    for a, b in (("A", "B"), ("B", "C"), ("C", "D"), ("A", "D")):
-        row = {"transition": f"{a} -> {b}"}
-        for L in lengths:
-            r = ours[ours["L"] == L].iloc[0]
-            row[f"{L // 1024}K"] = f"{(r[b] / r[a] - 1) * 100:+.1f}%"
-        row["paper (causal)"] = paper["marginal"][f"{a}{b}"]["causal"]
-        row["paper (non-causal)"] = paper["marginal"][f"{a}{b}"]["noncausal"]
-        trans.append(row)
-    sec.body += [
-        "Causal, kernel-only ms (ours and the paper's A100 numbers):",
-        "",
-        markdown(df, fmt),
-        "",
-        "Per-component overhead (relative to the previous variant):",
-        "",
-        markdown(pd.DataFrame(trans)),
-        "",
-        f"**Differs:** {rec['env']['gpu']}, not A100; Triton kernels ("
-        "A is our own two-pass kernel reading contiguous tiles, not FlashAttention-2's CUDA "
-        "kernel, and B-D add our gathers and stop loop to it), so the gather costs more "
-        "(A->B +15-19% here, 5-8% in the paper); input: the benchmark's structured synthetic Q/K/V "
-        "(the decomposition runs with no skipping, so the input barely matters).",
-    ]
-    sec.missing_line(
-        "the non-causal ABCD decomposition",
-        "no benchmark yet: the kernels take causal=False since d69a92f, but "
-        "`benchmarks/bench_s2o.py --abcd` times causal only",
-    )
-    sec.sources.append(
-        f"`{path}` ({rec['env']['gpu']}, git {rec['env']['git_rev']}, "
-        f"shape {rec['shape']['Hq']}/{rec['shape']['Hkv']} heads, D={rec['shape']['D']})"
-    )
-    return sec
-
-
-def retrieval(ctx: Ctx) -> Section:
-    sec = Section(
-        "retrieval",
-        "Retrieval (Step 1) overhead vs (L, S), FlashAttention beside it",
-        "Appendix table: retrieval latency vs (L, S)",
-    )
-    probe, ppath = ctx.record("kernels.step1")
-    kern, kpath = ctx.record("kernels.default")
-    if probe is None:
-        sec.missing_line(
-            "a step1_probe record with `by_L` (records.kernels.step1)",
-            "`python benchmarks/step1_probe.py --by-L 8192,16384,32768,65536,131072` (GPU)",
-        )
-        return sec
-    by = pd.DataFrame(probe["by_L"])
-    by = by[by["scores"] == "default"]
-    flash = {x["L"]: x["flash_ms"] for x in (kern or {}).get("lengths", [])}
-    paper = ctx.paper["retrieval"]
-    rows = []
-    for L in sorted(set(by["L"]) | set(paper["rows"])):
-        row = {"L": f"{L // 1024}K"}
-        for S in (512, 1024, 2048, 4096):
-            for mode in ("chunks", "cub"):
-                hit = by[(by["L"] == L) & (by["S"] == S) & (by["sort_mode"] == mode)]
-                row[f"{mode} S={S}"] = float(hit["ms"].iloc[0]) if len(hit) else None
-            row[f"paper S={S}"] = paper["rows"].get(L, [None] * 5)[paper["S"].index(S)]
-        row["flash (ours)"] = flash.get(L)
-        row["flash (paper)"] = paper["rows"].get(L, [None] * 5)[4]
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    fmt = {c: ".2f" for c in df.columns if c != "L"}
-    sec.body += [
-        markdown(df, fmt),
-        "",
-        "`chunks`: the default Step 1 (`torch.sort`); `cub`: the opt-in CUB radix sort. "
-        "ms, do_bench median.",
-        f"**Differs:** {probe['env']['gpu']}, not A100; our table starts at 8K (no 4K record); "
-        "below about 1 ms Step 1 is bound by the host (Python and launches), so short-L entries "
-        "move by +-0.3 ms between runs. Our flash column is SDPA flash at 32 query / 8 KV heads, "
-        "D=128, bf16, causal; the paper does not state the shape of its flash column (320 ms at "
-        "128K, where its ABCD table's dense kernel at H=32 takes 717 ms).",
-    ]
-    sec.sources.append(f"`{ppath}` ({probe['env']['gpu']}, git {probe['env']['git_rev']})")
-    if kpath:
-        sec.sources.append(f"`{kpath}` (flash column)")
-    return sec
+# (the ABCD and retrieval tables: analysis/bench_sections.py; Fig. 5: analysis/fig5_bsa.py)
 
 
 # ---------------------------------------------------------------------------- the page
@@ -649,9 +535,9 @@ SECTIONS = (
     fig4c,
     accuracy,
     ablations,
-    abcd,
+    bench_sections.abcd,
     fig5_bsa.section,
-    retrieval,
+    bench_sections.retrieval,
     calibration_check.section,
 )
 

@@ -1,53 +1,72 @@
-"""Overhead decomposition of the S2O kernel (paper Appendix, tables A/B/C/D), causal.
+"""Overhead decomposition of the S2O kernel (paper Appendix, tables "ABCD decomposition (Causal)"
+and "(Non-causal)"), causal and non-causal.
 
-All four variants run Pass-1 + Pass-2 of our own kernels over exactly the same tiles (every causal
-tile, nothing skipped); each adds one mechanism to the previous one:
+All variants run Pass-1 + Pass-2 of our own kernels over exactly the same number of tiles (tau=0:
+nothing skipped); each adds one mechanism to the previous one:
 
-* A, dense: original query order, contiguous key tiles (no index arrays read at all);
-* B, indexed sequential: queries and keys gathered through identity index arrays;
+* A, dense: original query order, contiguous key tiles ``0..P-1`` (no index arrays read). In the
+  non-causal case these are the first ``P`` keys, not the keys outside the own segment: the same
+  amount of work, not the same output (A is a timing baseline);
+* B, indexed sequential: queries and keys gathered through identity index arrays (the keys of each
+  segment's ranked set, in token order);
 * C, indexed sorted: the real Step-1 ``q_perm``/``kv_perm`` (non-contiguous rows);
 * D, early-stop logic: C plus the stop-rule control flow (gain vs ``tau * l``, a while loop over
   chunks of tiles) at ``tau = 0``, which never stops; ``stop_tile="keep"`` (the paper's deferred
   check, our default). ``D_discard`` is the same with ``"discard"`` (the check sits between the
   two products), recorded next to it.
 
-Used by ``benchmarks/bench_s2o.py --abcd``; standalone: ``PYTHONPATH=. python3 benchmarks/abcd.py``.
+Shape B=1, 32 query / 8 KV heads, D=128, bf16, S=1024 (the paper's), block 128 x 128, W=0; input
+:func:`benchmarks.common.make_qkv`. Step 1 is not timed. The record's ``metrics.rows``: one row
+per (L, causal) with the ms of each variant.
+
+    python -m benchmarks.abcd --rev <sha>                       # GPU, 8K..128K, both cases
+    python -m benchmarks.abcd --smoke --out /tmp/bench          # CPU check of the script
 """
 
 from __future__ import annotations
 
-import torch
+import argparse
 
-from s2o.kernels import s2o_pass1, s2o_pass2, s2o_step1
+from benchmarks import common
 
-# Paper Table "ABCD decomposition (Causal)": A100, bf16, B=1, H=32, D=128, seg_len=1024, ms
-PAPER_CAUSAL = {
-    "A": {8192: 3.38, 16384: 11.95, 32768: 44.67, 65536: 175.40, 131072: 717.49},
-    "B": {8192: 3.65, 16384: 12.63, 32768: 47.33, 65536: 186.56, 131072: 759.61},
-    "C": {8192: 3.65, 16384: 12.65, 32768: 47.20, 65536: 184.34, 131072: 744.75},
-    "D": {8192: 3.93, 16384: 13.73, 32768: 51.31, 65536: 200.10, 131072: 807.92},
-}
+SMOKE = common.early_smoke_switch()
+
+import torch  # noqa: E402
+
+from s2o.kernels import s2o_pass1, s2o_pass2, s2o_step1  # noqa: E402
+
+VARIANTS = ("A", "B", "C", "D", "D_discard")
 
 
-def identity_perms(B, Hq, L, segment_len, device):
-    """``q_perm`` = positions in order, ``kv_perm[n]`` = ``0..P_n-1`` padded with -1."""
+def identity_perms(B, Hq, L, segment_len, device, causal=True):
+    """Step 1's layouts in token order: ``q_perm`` = positions, ``kv_perm[n]`` = the keys that
+    row ``n`` ranks (causal: ``0..nS-1``; non-causal: every key outside segment ``n``),
+    ascending, padded with -1 (W = 0)."""
     n_seg = -(-L // segment_len)
-    p_max = (n_seg - 1) * segment_len
-    qp = torch.arange(L, device=device).expand(B, Hq, L).contiguous()
-    cols = torch.arange(p_max, device=device)
-    prefix = torch.arange(n_seg, device=device)[:, None] * segment_len
-    kvp = torch.where(cols < prefix, cols, -1).expand(B, Hq, n_seg, p_max).contiguous()
-    return qp, kvp
+    pos = torch.arange(L, device=device)
+    qp = pos.expand(B, Hq, L).contiguous()
+    start = torch.arange(n_seg, device=device)[:, None] * segment_len
+    if causal:
+        keep = pos[None, : (n_seg - 1) * segment_len] < start
+    else:
+        keep = (pos[None, :] < start) | (pos[None, :] >= start + segment_len)
+    p_max = int(keep.sum(-1).max())
+    # stable sort puts the kept keys first, in token order
+    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices[:, :p_max]
+    rows = torch.where(torch.gather(keep, 1, order), order, -1)
+    return qp, rows.expand(B, Hq, n_seg, p_max).contiguous()
 
 
-def abcd_times(q, k, v, *, segment_len, bench, launch=None, step1_kw=None):
-    """ms of variants A-D (Pass-1 + Pass-2) for one input; ``bench(fn) -> ms``; ``launch``
+def abcd_times(q, k, v, *, segment_len, bench, block=128, causal=True, launch=None,
+               step1_kw=None):  # fmt: skip
+    """ms of the variants (Pass-1 + Pass-2) for one input; ``bench(fn) -> ms``; ``launch``
     ``{kernel: Launch}`` and ``step1_kw`` (Step 1's options) go to every call."""
     B, Hq, L, _ = q.shape
     launch = launch or {}
-    geo = dict(segment_len=segment_len, local_window=0, block_m=128, block_n=128)
-    ident = identity_perms(B, Hq, L, segment_len, q.device)
-    ranked = s2o_step1(q, k, segment_len=segment_len, **(step1_kw or {}))
+    geo = dict(segment_len=segment_len, local_window=0, block_m=block, block_n=block,
+               causal=causal)  # fmt: skip
+    ident = identity_perms(B, Hq, L, segment_len, q.device, causal)
+    ranked = s2o_step1(q, k, segment_len=segment_len, causal=causal, **(step1_kw or {}))
     variants = {
         "A": (ident, dict(use_qperm=False, gather=False, early_stop=False)),
         "B": (ident, dict(use_qperm=True, gather=True, early_stop=False)),
@@ -68,45 +87,47 @@ def abcd_times(q, k, v, *, segment_len, bench, launch=None, step1_kw=None):
     return out
 
 
-def abcd_markdown(rows):
-    """Markdown lines: our A-D, the marginal overheads, and the paper's (A100) next to them."""
-    lines = [
-        "ABCD decomposition, causal, S=1024, kernel only (Pass-1 + Pass-2), ms; paper: A100.",
-        "",
-        "| L | A | B | C | D | A->B | B->C | C->D | A->D | paper A->B | paper B->C | paper C->D "
-        "| paper A->D | D discard | C->D discard |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    pct = lambda a, b: f"{100 * (b / a - 1):+.1f}%"
-    for r in rows:
-        L = r["L"]
-        p = {x: PAPER_CAUSAL[x].get(L) for x in "ABCD"}
-        paper = (
-            [pct(p["A"], p["B"]), pct(p["B"], p["C"]), pct(p["C"], p["D"]), pct(p["A"], p["D"])]
-            if p["A"]
-            else ["-"] * 4
-        )
-        lines.append(
-            f"| {L} | {r['A']:.2f} | {r['B']:.2f} | {r['C']:.2f} | {r['D']:.2f} | "
-            f"{pct(r['A'], r['B'])} | {pct(r['B'], r['C'])} | {pct(r['C'], r['D'])} | "
-            f"{pct(r['A'], r['D'])} | "
-            + " | ".join(paper)
-            + " | "
-            + (
-                f"{r['D_discard']:.2f} | {pct(r['C'], r['D_discard'])} |"
-                if "D_discard" in r
-                else "- | - |"
-            )  # fmt: skip
-        )
-    return lines
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", default="8192,16384,32768,65536,131072")
+    ap.add_argument("--segment-len", type=int, default=1024)
+    ap.add_argument("--block", type=int, default=128, help="block_m = block_n")
+    ap.add_argument("--cases", default="causal,noncausal", help="causal, noncausal or both")
+    common.add_common_args(ap)
+    args = ap.parse_args(argv)
+    if args.smoke:  # 4 segments of 2 tiles: every variant has a ranked prefix to walk
+        args.lengths, args.segment_len, args.block = "128", 32, 16
+    args.cases = [c for c in args.cases.split(",") if c]
+    bad = [c for c in args.cases if c not in ("causal", "noncausal")]
+    if bad or not args.cases:
+        ap.error(f"--cases {','.join(bad) or '(empty)'}: give causal and/or noncausal")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    shape = common.Shape.from_args(args)
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    config = {"lengths": lengths, "segment_len": args.segment_len, "block": args.block,
+              "cases": args.cases, "input": args.input, "seed": args.seed, "local_window": 0,
+              "tau": 0.0, "smoke": args.smoke}  # fmt: skip
+    rec = common.Recorder("abcd", config, common.command_line("benchmarks.abcd", argv), shape,
+                          args.out, args.rev, metrics={"rows": []})  # fmt: skip
+    for L in lengths:
+        common.free_memory()
+        q, k, v = common.make_qkv(args.input, shape, L, args.seed)
+        bench = common.timer(shape, warmup_ms=50, rep_ms=200 if L <= 16384 else 1500)
+        for case in args.cases:
+            row = {"L": L, "causal": case == "causal"}
+            row.update(abcd_times(q, k, v, segment_len=args.segment_len, bench=bench,
+                                  block=args.block, causal=row["causal"]))  # fmt: skip
+            common.log(row)
+            rec.metrics["rows"].append(row)
+            rec.save()
+        del q, k, v
+    print(rec.save(done=True))
+    return rec.record
 
 
 if __name__ == "__main__":
-    from triton.testing import do_bench
-
-    from benchmarks.bench_s2o import structured_qkv
-
-    for L in (8192, 32768):
-        q, k, v = structured_qkv(1, 32, 8, L, 128)
-        r = abcd_times(q, k, v, segment_len=1024, bench=lambda f: do_bench(f, return_mode="median"))
-        print("\n".join(abcd_markdown([{"L": L, **r}])))
+    main()

@@ -24,130 +24,39 @@ Density = tiles computed / all ``ceil(L/128)^2`` tiles (non-causal), mean over h
 ``speedup`` = flash ms / attention ms; ``speedup_incl_estimate`` = flash ms / (estimate +
 attention) ms. Times are ``triton.testing.do_bench`` medians after warm-up.
 
-Input: seeded Gaussian Q/K/V. In the top-k mode the number of tiles does not depend on the input;
-the input only decides which tiles (S2O's ranked order is then a scattered gather, as in the
-paper's kernel C).
+Input: :func:`benchmarks.common.make_qkv` (the harness's synthetic generator). In the top-k mode
+the number of tiles does not depend on the input; the input only decides which tiles (S2O's
+ranked order is then a scattered gather, as in the paper's kernel C).
 
-GPU:  ``PYTHONPATH=. python3 benchmarks/fig5_bsa.py --out results/fig5 --rev <git sha>``
-CPU:  ``--smoke`` runs tiny fp16 shapes under ``TRITON_INTERPRET=1`` to check the script (its
-times mean nothing; the record says so). Writes ``<out>/fig5_bsa_<device>.json`` and ``.md``.
-
-The environment, timer, Q/K/V generator and record writer are separate functions below so that
-the benchmarks' shared module can replace them.
+GPU:  ``python -m benchmarks.fig5_bsa --rev <git sha>``
+CPU:  ``--smoke`` runs tiny fp16 shapes under the Triton interpreter to check the script (its
+times mean nothing; the record says ``smoke``). Writes one record
+(:class:`benchmarks.common.Recorder`, ``metrics.rows``); the table and figure come from
+``analysis/fig5_bsa.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-if "--smoke" in sys.argv:  # Triton reads this when the kernels are decorated (import time)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from benchmarks import common
+
+SMOKE = common.early_smoke_switch()
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
-from experiments.provenance import git_revision  # noqa: E402
 from s2o.kernels import s2o_fused, s2o_pass1, s2o_pass2, s2o_step1  # noqa: E402
 from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists  # noqa: E402
 from s2o.methods.blocksparse import grouped_scores, mean_pool_tokens, rank_select  # noqa: E402
 from s2o.stats import _cdiv, s2o_pass2_tile_max, s2o_stats  # noqa: E402
 
-SEED = 0
-PAPER_SHAPE = dict(B=1, Hq=32, Hkv=8, D=128, S=2048, block=128, dtype="bfloat16")
-SMOKE_SHAPE = dict(B=1, Hq=4, Hkv=2, D=64, S=64, block=32, dtype="float16")
+PAPER_GEOMETRY = dict(S=2048, block=128)
+# fp16 under the interpreter (bf16 tl.dot is wrong there); 64-key segments of two 32-key tiles
+SMOKE_SHAPE = common.Shape(B=1, Hq=4, Hkv=2, D=64, dtype="float16", device="cpu")
+SMOKE_GEOMETRY = dict(S=64, block=32)
 LENGTHS, RATIOS = "32768,131072", "0.05,0.1,0.2,0.3,0.5,0.7"
 SMOKE_LENGTHS, SMOKE_RATIOS = "160,256", "0.2,0.5"
-
-
-# ------------------------------------------------------------- environment, timer, input, record
-
-
-def environment(rev: str | None, smoke: bool, argv: list[str] | None = None) -> dict:
-    """Which machine and software produced the record, and the command that did (``argv``: the
-    arguments when called as a function, else the process's command line)."""
-    cmd = sys.argv if argv is None else ["benchmarks/fig5_bsa.py", *argv]
-    env = {
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "git_rev": git_revision(rev), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "command": "python3 " + " ".join([Path(cmd[0]).as_posix(), *cmd[1:]]),
-    }  # fmt: skip
-    if smoke or not torch.cuda.is_available():
-        cpu = platform.processor() or platform.machine()
-        note = "TRITON_INTERPRET=1 smoke run: times are not measurements"
-        env.update(gpu=None, device=f"cpu ({cpu}), {note}", driver=None)
-        return env
-    try:
-        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]
-        driver = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = None
-    gpu = torch.cuda.get_device_name()
-    env.update(gpu=gpu, device=gpu, driver=driver or None)
-    return env
-
-
-def timer(smoke: bool):
-    """``bench(fn, L) -> ms``: do_bench's median on the GPU; one call after a warm-up call on the
-    CPU (the smoke run checks the script, not the speed)."""
-    if smoke:
-
-        def once(fn, L):
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
-
-        return once
-    from triton.testing import do_bench
-
-    return lambda fn, L: do_bench(
-        fn, warmup=25, rep=200 if L <= 16384 else 1000, return_mode="median"
-    )
-
-
-def make_qkv(B, Hq, Hkv, L, D, *, dtype, device, seed=SEED):
-    """Seeded Gaussian ``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]`` (drawn in fp32, cast)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    draw = lambda h: torch.randn(B, h, L, D, generator=g, device=device).to(dtype)  # noqa: E731
-    return draw(Hq), draw(Hkv), draw(Hkv)
-
-
-def write_record(record: dict, out: Path) -> Path:
-    """``<out>/fig5_bsa_<device>.json`` and a markdown table beside it; returns the JSON path."""
-    out.mkdir(parents=True, exist_ok=True)
-    tag = (record["env"]["gpu"] or "cpu_smoke").replace(" ", "_")
-    path = out / f"fig5_bsa_{tag}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    path.with_suffix(".md").write_text(markdown(record))
-    return path
-
-
-def markdown(record: dict) -> str:
-    env, cfg = record["env"], record["config"]
-    head = (
-        f"# Fig. 5: S2O top-k vs BSA, non-causal, on {env['device']}\n\n"
-        f"torch {env['torch']}, Triton {env['triton']}, driver {env['driver']}, git "
-        f"{env['git_rev']}, {env['date']}. B={cfg['B']}, Hq={cfg['Hq']}, Hkv={cfg['Hkv']}, "
-        f"D={cfg['D']}, {cfg['dtype']}, S={cfg['S']}, tiles {cfg['block']}x{cfg['block']}, "
-        f"BSA budget: {cfg['bsa_budget']}. Command: `{env['command']}`.\n\n"
-        "| L | ratio | method | density | estimate ms | attention ms | flash ms | speedup "
-        "| incl. estimate | TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    rows = [
-        f"| {r['L']} | {r['ratio']} | {r['method']} | {r['density']:.4f} | "
-        f"{r['estimate_ms']:.3f} | {r['attention_ms']:.3f} | {r['flash_ms']:.3f} | "
-        f"{r['speedup']:.2f} | {r['speedup_incl_estimate']:.2f} | {r['tflops']:.1f} |\n"
-        for r in record["rows"]
-    ]
-    return head + "".join(rows)
 
 
 # ----------------------------------------------------------------------------- the two methods
@@ -234,14 +143,16 @@ def time_flash(q, k, v, L, bench):
     return bench(run, L)
 
 
-def measure_length(L, ratios, cfg, bench, device) -> list[dict]:
+def measure_length(L, ratios, cfg, shape: common.Shape) -> list[dict]:
     """Every row of one length: S2O (two-pass, fused) and BSA at each ratio, flash beside them."""
-    dtype = getattr(torch, cfg["dtype"])
-    q, k, v = make_qkv(cfg["B"], cfg["Hq"], cfg["Hkv"], L, cfg["D"], dtype=dtype, device=device)
+    q, k, v = common.make_qkv(cfg["input"], shape, L, cfg["seed"])
+    device = shape.device
+    t = common.timer(shape, rep_ms=200 if L <= 16384 else 1000)
+    bench = lambda fn, L: t(fn)  # noqa: E731
     flash = time_flash(q, k, v, L, bench)
     step1_ms, perms = time_step1(q, k, L, cfg, bench)
     nb = _cdiv(L, cfg["block"])
-    dense_flop = 4.0 * L * L * cfg["D"] * cfg["Hq"] * cfg["B"]
+    dense_flop = 4.0 * L * L * shape.D * shape.Hq * shape.B
     rows = []
     for r in ratios:
         tiles = s2o_tiles_per_query_tile(L, cfg["S"], cfg["block"], r)
@@ -260,43 +171,37 @@ def measure_length(L, ratios, cfg, bench, device) -> list[dict]:
                 "speedup": flash / m["attention_ms"], "speedup_incl_estimate": flash / total,
                 "tflops": dense_flop * m["density"] / (m["attention_ms"] * 1e-3) / 1e12,
             })  # fmt: skip
-            print(json.dumps(rows[-1]), flush=True)
+            common.log(rows[-1])
     return rows
 
 
-def main(argv: list[str] | None = None) -> Path:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default=None, help=f"default {LENGTHS} ({SMOKE_LENGTHS} smoke)")
     ap.add_argument("--ratios", default=None, help=f"default {RATIOS} ({SMOKE_RATIOS} smoke)")
     ap.add_argument("--bsa-budget", choices=("matched", "ratio"), default="matched")
-    ap.add_argument("--out", type=Path, default=Path("results/fig5"))
-    ap.add_argument("--rev", default=None, help="git revision (a GPU copy may have no .git)")
-    ap.add_argument("--smoke", action="store_true", help="tiny CPU interpreter run (fp16)")
+    common.add_common_args(ap)
     args = ap.parse_args(argv)
-    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("--smoke needs TRITON_INTERPRET=1 before Triton is imported")
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU: run on a GPU, or pass --smoke for the CPU check")
-    lengths = args.lengths or (SMOKE_LENGTHS if args.smoke else LENGTHS)
-    ratios = args.ratios or (SMOKE_RATIOS if args.smoke else RATIOS)
+    shape = SMOKE_SHAPE if args.smoke else common.Shape.from_args(args)
+    lengths = [int(x) for x in (args.lengths or (SMOKE_LENGTHS if args.smoke else LENGTHS))
+               .split(",")]  # fmt: skip
+    ratios = [float(x) for x in (args.ratios or (SMOKE_RATIOS if args.smoke else RATIOS))
+              .split(",")]  # fmt: skip
     flash = "PyTorch's default SDPA on the CPU" if args.smoke else "SDPA flash backend"
-    cfg = {**(SMOKE_SHAPE if args.smoke else PAPER_SHAPE), "bsa_budget": args.bsa_budget,
-           "causal": False, "seed": SEED, "input": "Gaussian q, k, v (seeded)",
-           "flash": flash}  # fmt: skip
-    ratios = [float(x) for x in ratios.split(",")]
-    record = {
-        "kind": "fig5_bsa", "env": environment(args.rev, args.smoke, argv), "config": cfg,
-        "smoke": bool(args.smoke), "ratios": ratios, "rows": [],
-    }  # fmt: skip
-    print(json.dumps(record["env"]), flush=True)
-    bench = timer(args.smoke)
-    device = "cpu" if args.smoke else "cuda"
-    path = None
-    for L in (int(x) for x in lengths.split(",")):
-        record["rows"] += measure_length(L, ratios, cfg, bench, device)
-        path = write_record(record, args.out)  # after every length: a cut-off run keeps its rows
-    print(markdown(record))
-    return path
+    cfg = {**(SMOKE_GEOMETRY if args.smoke else PAPER_GEOMETRY), "lengths": lengths,
+           "ratios": ratios, "bsa_budget": args.bsa_budget, "causal": False,
+           "input": args.input, "seed": args.seed, "flash": flash,
+           "smoke": args.smoke}  # fmt: skip
+    rec = common.Recorder("fig5_bsa", cfg, common.command_line("benchmarks.fig5_bsa", argv),
+                          shape, args.out, args.rev, metrics={"rows": []})  # fmt: skip
+    for L in lengths:
+        common.free_memory()
+        rec.metrics["rows"] += measure_length(L, ratios, cfg, shape)
+        rec.save()  # after every length: a cut-off run keeps its rows
+    print(rec.save(done=True))
+    return rec.record
 
 
 if __name__ == "__main__":

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import functools
 import hashlib
 import json
 import math
 import os
-import platform
-import socket
-import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -21,7 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .provenance import code_revision, git_revision, is_tracked
+from .provenance import code_revision, environment, is_tracked
 
 ROOT = Path(__file__).resolve().parents[1]
 # Keys that do not change what is computed: left out of a run's identity (its hash). The code
@@ -344,28 +340,6 @@ def non_finite(metrics: object, prefix: str = "") -> list[str]:
     return out
 
 
-def environment(device: torch.device, git_rev: str | None) -> dict:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-    return {
-        "device": str(device),
-        "device_name": name or platform.machine(),
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "git_revision": git_revision(git_rev),
-        "hostname": socket.gethostname(),
-        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_threads": torch.get_num_threads(),
-    }
-
-
 def write_record(path: Path, record: dict) -> None:
     """Write ``record`` as JSON atomically (temporary file in the same folder, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -419,33 +393,6 @@ def execute(resolved: dict, path: Path, body: Callable[[], dict]) -> tuple[dict,
     record["elapsed_s"] = round(time.perf_counter() - t0, 3)
     write_record(path, record)
     return record, False
-
-
-def bench_ms(fn: Callable[[], object], device: torch.device, timing: dict) -> float:
-    """Median milliseconds of ``fn``: ``do_bench`` on CUDA, wall-clock over ``rep`` calls on CPU.
-
-    On the CPU the untimed warm-up calls number ``timing.warmup``.
-    """
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        with torch.cuda.device(device):
-            return float(
-                do_bench(
-                    fn,
-                    warmup=timing["cuda_warmup_ms"],
-                    rep=timing["cuda_rep_ms"],
-                    return_mode="median",
-                )  # fmt: skip
-            )
-    for _ in range(timing["warmup"]):
-        fn()
-    times = []
-    for _ in range(max(1, timing["rep"])):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 class WandbLogger:

@@ -18,7 +18,8 @@ from eval.data import Layer, load_layers
 from s2o import METHODS, sparse_attention
 from s2o.methods import resolve_knobs
 
-from .common import JobContext, WandbLogger, bench_ms, check_memory
+from .common import JobContext, WandbLogger, check_memory
+from .timing import bench_ms
 
 
 def full_knobs(knobs: dict) -> dict:

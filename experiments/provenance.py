@@ -1,11 +1,17 @@
-"""Which code a record came from; no dependencies beyond the standard library, so the GPU
-benchmarks (run without the harness's packages) share it with the harness."""
+"""Which code and which machine a record came from. Beyond the standard library it needs only
+torch (imported inside :func:`environment`), so the GPU benchmarks (run without the harness's
+packages: no Hydra, no OmegaConf) write the same ``environment`` block as the harness."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import functools
 import hashlib
+import importlib.metadata
 import os
+import platform
+import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -63,3 +69,60 @@ def is_tracked(path: Path) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return out.returncode == 0
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_driver() -> str | None:
+    """The NVIDIA driver version (``nvidia-smi``), None without one."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def environment(device, git_rev: str | None) -> dict:
+    """The ``environment`` block of every record (harness runs and benchmarks): the device and
+    its model, driver, torch / Triton / CUDA / transformers versions, git revision, host, time."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+    return {
+        "device": str(device),
+        "device_name": name,
+        "driver": gpu_driver() if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "cuda": torch.version.cuda,
+        "transformers": _package_version("transformers"),
+        "python": platform.python_version(),
+        "git_revision": git_revision(git_rev),
+        "hostname": socket.gethostname(),
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_threads": torch.get_num_threads(),
+    }

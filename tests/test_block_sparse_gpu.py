@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import s2o
-from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists, xattn_block_scores
+from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists
+from s2o.kernels.xattn_estimate import xattn_block_scores
 from s2o.methods.blocksparse import BlockPlan, key_block_of_token
 from s2o.methods.xattn import antidiagonal_block_scores
 

@@ -10,12 +10,9 @@ import math
 import pytest
 import torch
 
-from s2o.kernels.block_sparse import (
-    block_sparse_attention,
-    mask_to_lists,
-    xattn_block_scores,
-)
+from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists
 from s2o.kernels.launch import Launch
+from s2o.kernels.xattn_estimate import xattn_block_scores
 from s2o.methods.xattn import antidiagonal_block_scores
 
 pytestmark = pytest.mark.interpreter

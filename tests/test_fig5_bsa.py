@@ -22,18 +22,20 @@ SMOKE_ARGS = ["--smoke", "--lengths", "160,192", "--ratios", "0.2,0.5"]
 @pytest.fixture(scope="module")
 def smoke_record(tmp_path_factory):
     out = tmp_path_factory.mktemp("fig5")
-    path = fig5_bsa.main([*SMOKE_ARGS, "--out", str(out)])
-    return path, json.loads(path.read_text())
+    rec = fig5_bsa.main([*SMOKE_ARGS, "--out", str(out)])
+    (path,) = (out / "fig5_bsa").glob("*/record.json")
+    assert json.loads(path.read_text()) == json.loads(json.dumps(rec, default=str))
+    return path, rec
 
 
 def test_smoke_run_writes_a_record_with_matched_measured_densities(smoke_record):
     path, rec = smoke_record
-    assert path.name == "fig5_bsa_cpu_smoke.json" and path.with_suffix(".md").is_file()
-    env, cfg = rec["env"], rec["config"]
-    assert rec["smoke"] and env["gpu"] is None and "smoke run" in env["device"]
-    assert env["git_rev"] and env["torch"] and env["triton"] and "--smoke" in env["command"]
+    assert rec["status"] == "ok" and rec["kind"] == "benchmark" and rec["benchmark"] == "fig5_bsa"
+    env, cfg = rec["environment"], rec["config"]
+    assert cfg["smoke"] and env["device"] == "cpu" and env["driver"] is None
+    assert env["git_revision"] and env["torch"] and env["triton"] and "--smoke" in rec["command"]
     assert cfg["causal"] is False and cfg["bsa_budget"] == "matched"
-    rows = rec["rows"]
+    rows = rec["metrics"]["rows"]
     assert len(rows) == 2 * 2 * 3
     block, S = cfg["block"], cfg["S"]
     for L in (160, 192):
@@ -93,7 +95,7 @@ def test_section_without_a_record_names_it_and_the_gpu_command(tmp_path):
     sec = section_mod.section(_ctx(tmp_path, None))
     assert not sec.files and len(sec.missing) == 1
     assert "records.fig5.bsa" in sec.missing[0]
-    assert "python3 benchmarks/fig5_bsa.py --out results/fig5 --rev <git sha>" in sec.missing[0]
+    assert "python -m benchmarks.fig5_bsa --rev <git sha>" in sec.missing[0]
 
 
 def test_section_on_the_smoke_record(tmp_path, smoke_record):
@@ -120,7 +122,8 @@ def test_section_on_a_gpu_record_names_missing_lengths(tmp_path, smoke_record):
     """A non-smoke record without the paper's lengths: a line names them (the record here is the
     smoke record relabelled in a temporary folder, only to exercise the branch)."""
     path, rec = smoke_record
-    rec = {**rec, "smoke": False, "env": {**rec["env"], "device": "TEST DEVICE"}}
+    rec = {**rec, "config": {**rec["config"], "smoke": False},
+           "environment": {**rec["environment"], "device_name": "TEST DEVICE"}}  # fmt: skip
     ctx = _ctx(tmp_path, {"fig5": {"bsa": "r.json"}})
     (ctx.results / "r.json").write_text(json.dumps(rec))
     sec = section_mod.section(ctx)

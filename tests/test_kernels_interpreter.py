@@ -72,7 +72,7 @@ def _unambiguous_tau(q, k, v, perms, knobs, candidates=(0.02, 0.1, 0.3, 1.0, 3.0
 def step1_groups(request, monkeypatch):
     """Tiny inputs make one sort group by default (``_MIN_GROUP_KEYS``); ``many-groups`` lowers
     that floor so that groups starting past the first live segment are checked too."""
-    step1 = importlib.import_module("s2o.kernels.s2o_step1")
+    step1 = importlib.import_module("s2o.kernels.step1_sort")
     if request.param == "many-groups":
         monkeypatch.setattr(step1, "_MIN_GROUP_KEYS", 1)
     return request.param
@@ -82,7 +82,7 @@ def test_step1_sort_groups():
     """Groups cover every live segment once, in order: one group for small inputs, else
     _MAX_SORT_CHUNKS (chunks) or groups of at least _MIN_GROUP_KEYS keys (cub); cub splits
     further where row and position exceed 32 bits."""
-    step1 = importlib.import_module("s2o.kernels.s2o_step1")
+    step1 = importlib.import_module("s2o.kernels.step1_sort")
 
     def check(prefix, rows, mode):
         groups = step1._sort_groups(prefix, rows, mode)
@@ -182,7 +182,7 @@ def test_step1_query_statistics_layouts(layout, gen):
 def test_step1_cub_keys_order_special_values(gen):
     """The packed keys of sort_mode="cub" order +-0, +-inf, NaN, tiny values and ties as
     torch.sort(descending=True, stable=True) does."""
-    from s2o.kernels.s2o_step1 import _rank_chunk
+    from s2o.kernels.step1_sort import _rank_chunk
 
     B, Hq, N, S = 1, 2, 4, 16
     prefix = [n * S for n in range(N)]

@@ -101,7 +101,7 @@ def select_blocks(scores: torch.Tensor, threshold: float) -> torch.Tensor:
 
 def block_scores(q, k, *, block_size, stride, scale, norm, impl) -> torch.Tensor:
     if resolve_impl(impl, q.device) == "triton":
-        from ..kernels.block_sparse import xattn_block_scores
+        from ..kernels.xattn_estimate import xattn_block_scores
 
         return xattn_block_scores(
             q, k, block_size=block_size, stride=stride, scale=scale, norm=norm
