@@ -88,7 +88,7 @@ def test_calibration_fit_runs_at_a_tiny_size(tmp_path):
         [
             "--synthetic-target",
             "--L",
-            "512",
+            "1536",
             "--fit-heads",
             "2",
             "1",
@@ -117,7 +117,7 @@ def test_calibration_statistics_see_the_planted_structures():
     from eval.synthetic import SyntheticSpec, synthetic_qkv
 
     def stats(**kw):
-        q, k, _ = synthetic_qkv(SyntheticSpec(L=512, heads_q=1, heads_kv=1, head_dim=64, **kw))
+        q, k, _ = synthetic_qkv(SyntheticSpec(L=1536, heads_q=1, heads_kv=1, head_dim=64, **kw))
         return attention_stats(q[0, 0], k[0, 0])
 
     base = stats(sink=0.0, heavy=0.0, slash=0.0, horizontal=0.0)
@@ -129,6 +129,13 @@ def test_calibration_statistics_see_the_planted_structures():
         > 1.5 * base["background_std"]
     )
     assert stats(sink=0.0, heavy=6.0, slash=0.0, horizontal=0.0)["heavy"] > 3 * base["heavy"]
+    drift = stats(sink=0.0, heavy=0.0, slash=0.0, horizontal=0.0, drift=6.0, drift_len=150.0)
+    assert drift["band_excess"] > 2.0 > 0.5 > abs(base["band_excess"]), (drift, base)
+    assert drift["local"] > 3 * base["local"], (drift, base)
+    topics = stats(sink=0.0, heavy=0.0, slash=0.0, horizontal=0.0, topics=6.0, topic_frac=0.05)
+    # the rows of a tile share their best far keys, which cluster in the regions of their topic
+    assert topics["tile_share"] > base["tile_share"] + 0.1, (topics, base)
+    assert topics["block_scatter"] < base["block_scatter"] - 0.2, (topics, base)
     with pytest.raises(ValueError, match="too short"):
         attention_stats(torch.randn(64, 16), torch.randn(64, 16))
 
