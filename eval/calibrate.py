@@ -24,10 +24,12 @@ Statistics of one head's causal attention (``attention_stats``), over the rows o
   of tokens);
 * ``tile_share``, ``block_scatter``, ``tile_overlap`` (``tile_sharing``): whether a tile's rows
   share their important far keys, whether those keys are scattered over key blocks or packed
-  into few, and how long they persist from tile to tile.
+  into few, and how long they persist from tile to tile;
+* ``head_spread`` (``median_stats``, across heads): the standard deviation of ``log keys90`` over
+  the heads of one layer, median over layers (how unequally sharp a layer's heads are).
 
 The target is the median of each statistic over the captured heads (a model's layers and heads
-differ a lot: the record keeps every head). The fit minimizes the squared log-ratio of the eleven
+differ a lot: the record keeps every head). The fit minimizes the squared log-ratio of the twelve
 statistics of the generator (``eval/synthetic.py``, at the capture's L and head_dim) against the
 target over the knobs ``KNOBS`` (strengths, counts and lengths; ``n_slash``, ``key_mean``,
 ``frac_horizontal``, ``n_topics`` stay at their defaults), with Nelder-Mead on the log of the
@@ -55,23 +57,23 @@ from .synthetic import SyntheticSpec, synthetic_qkv
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = 64
 STATS = ("sink", "heavy", "local", "background_std", "row_spread", "keys90", "tile_keys90",
-         "band_excess", "tile_share", "block_scatter", "tile_overlap")  # fmt: skip
+         "band_excess", "tile_share", "block_scatter", "tile_overlap", "head_spread")  # fmt: skip
 TILE = 128  # query rows whose key mass is pooled for the tile statistics (a block_m tile)
 BLOCK = 64  # key block of ``block_scatter`` (a block_n tile)
 BAND = (96, 160)  # offsets of ``band_excess``: past the local band, inside a slow locality
 FAR = 256  # ``band_excess``'s reference: the median logit of keys at least this far back
 OVERLAP_TOP, OVERLAP_GAP = 40, 4  # ``tile_overlap``: top keys compared, tiles apart
 KNOBS = ("sink", "heavy", "n_heavy", "slash", "background", "horizontal", "topics", "topic_frac",
-         "topic_span", "drift", "drift_len")  # fmt: skip
+         "topic_span", "drift", "drift_len", "head_temp")  # fmt: skip
 INT_KNOBS = ("n_heavy", "topic_span")  # fitted on a log scale, rounded
 BOUNDS = {"sink": (0.5, 40.0), "heavy": (0.1, 30.0), "n_heavy": (1, 512), "slash": (0.1, 30.0),
           "background": (0.02, 8.0), "horizontal": (0.01, 8.0), "topics": (0.1, 30.0),
           "topic_frac": (0.005, 1.0), "topic_span": (16, 4096), "drift": (0.1, 30.0),
-          "drift_len": (4.0, 2048.0)}  # fmt: skip
+          "drift_len": (4.0, 2048.0), "head_temp": (0.01, 3.0)}  # fmt: skip
 # Where the fit starts for the knobs that are off by default (the others start at their
 # defaults): the band's logit excess on SmolLM2 is about +8 at offset 0, +4.7 at 64 and +2.6 at
 # 256 (medians over heads), so drift ~6 over ~150 tokens; topics a few logits on a few % of keys.
-START = {"topics": 4.0, "topic_frac": 0.05, "drift": 6.0, "drift_len": 150.0}
+START = {"topics": 4.0, "topic_frac": 0.05, "drift": 6.0, "drift_len": 150.0, "head_temp": 0.3}
 
 
 @torch.no_grad()
@@ -195,7 +197,18 @@ def layer_stats(q: torch.Tensor, k: torch.Tensor, **kw) -> list[dict]:
 
 
 def median_stats(per_head: list[dict]) -> dict:
-    return {s: float(torch.tensor([h[s] for h in per_head]).median()) for s in STATS}
+    """Medians over heads of the per-head statistics, and ``head_spread``: the standard deviation
+    of ``log keys90`` over the heads of a layer (median over layers): how unequally sharp the
+    heads of one layer are."""
+    out = {s: float(torch.tensor([h[s] for h in per_head]).median()) for s in STATS if s in
+           per_head[0]}  # fmt: skip
+    layers = sorted({h.get("layer", 0) for h in per_head})
+    spread = [
+        torch.tensor([math.log(h["keys90"]) for h in per_head if h.get("layer", 0) == layer])
+        for layer in layers
+    ]
+    out["head_spread"] = float(torch.tensor([x.std(unbiased=False) for x in spread]).median())
+    return out
 
 
 def loss(stats: dict, target: dict) -> float:
@@ -262,8 +275,11 @@ def _knobs(x: torch.Tensor) -> dict:
     return out
 
 
-def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: int):
-    """``(knobs, fitted stats, trace)``: the generator's knobs whose statistics match ``target``."""
+def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: int,
+        start: dict | None = None):  # fmt: skip
+    """``(knobs, fitted stats, trace)``: the generator's knobs whose statistics match ``target``,
+    searched from ``start`` (default: the generator's defaults, ``START`` for the knobs that are
+    off by default)."""
     trace = []
 
     def f(x: torch.Tensor) -> float:
@@ -274,7 +290,7 @@ def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: 
         print(f"{len(trace):4d} loss {value:.4f} {knobs}", file=sys.stderr, flush=True)
         return value
 
-    start = {**dataclasses.asdict(SyntheticSpec()), **START}
+    start = {**dataclasses.asdict(SyntheticSpec()), **START, **(start or {})}
     x0 = torch.tensor([math.log(start[k]) for k in KNOBS], dtype=torch.float64)
     x, _ = nelder_mead(f, _clip(x0), max_evals=max_evals)
     knobs = _knobs(x)
@@ -332,6 +348,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, nargs="*", default=None, help="default: capture_layers")
     ap.add_argument("--fit-heads", type=int, nargs=2, default=(3, 1), metavar=("HQ", "HKV"))
     ap.add_argument("--max-evals", type=int, default=120)
+    ap.add_argument(
+        "--start",
+        type=Path,
+        default=None,
+        help="a conf/data file whose knobs (those > 0) start the search (default: the defaults)",
+    )
     ap.add_argument("--out", type=Path, default=Path("conf/data/synthetic_calibrated.yaml"))
     ap.add_argument("--record", type=Path, default=Path("results/captures/calibration_fit.json"))
     ap.add_argument(
@@ -349,7 +371,13 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         per_head, info, D = real_stats(args.model, args.L, args.layers)
     target = median_stats(per_head)
-    knobs, fitted, trace = fit(target, args.L, tuple(args.fit_heads), D, args.max_evals)
+    start = None
+    if args.start is not None:
+        from omegaconf import OmegaConf
+
+        conf = OmegaConf.load(args.start)
+        start = {k: conf[k] for k in KNOBS if k in conf and conf[k] > 0}
+    knobs, fitted, trace = fit(target, args.L, tuple(args.fit_heads), D, args.max_evals, start)
     default = synthetic_stats({}, args.L, args.fit_heads[0], args.fit_heads[1], D)
     rec = {
         "input": info, "L": args.L, "head_dim": D, "fit_heads": list(args.fit_heads),
@@ -357,6 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
         "default_stats": default, "loss": loss(fitted, target),
         "default_loss": loss(default, target), "evals": len(trace), "trace": trace,
         "command": "python -m eval.calibrate " + " ".join(argv), "git_revision": _git_rev(),
+        "start": start,
     }  # fmt: skip
     args.record.parent.mkdir(parents=True, exist_ok=True)
     args.record.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")

@@ -46,9 +46,15 @@ Two structures measured on real captures (``eval/calibrate.py``) and off by defa
   over hundreds of tokens), whose far-key spread is only ``drift / sqrt(D)``, not the fast RoPE
   pairs' oscillation of ``slash``.
 
-Both draw from their own generator (seeded from ``seed``), so turning them on leaves every other
-structure's tensors unchanged, and with both off the tensors are bit for bit those of the
-generator before they were added (``tests/test_synthetic_pin.py``).
+A third, ``head_temp``, makes the heads unequally sharp, as a real layer's heads are (on SmolLM2 the
+share of keys holding 90% of a row's mass spans 0.3% to 14% within one layer): query head ``h``'s
+whole query (every structure's logit) is scaled by ``exp(head_temp * z_h)``, ``z`` deterministic
+normal quantiles of unit spread dealt to the heads at random.
+
+All three draw from their own generator (seeded from ``seed``), so turning them on leaves every
+other structure's tensors unchanged (``head_temp`` then scales the whole query), and with all
+three off the tensors are bit for bit those of the generator before they were added
+(``tests/test_synthetic_pin.py``).
 
 The sink/heavy direction ``g`` and the key-mean direction ``mu`` live in two reserved RoPE pairs
 (the two lowest frequencies, no rotation applied to them) that the random contents avoid, so a
@@ -97,6 +103,7 @@ class SyntheticSpec:
     topic_frac: float = 0.1
     drift: float = 0.0  # 0: no drift band
     drift_len: float = 128.0
+    head_temp: float = 0.0  # 0: every head equally sharp
 
     def __post_init__(self):
         if self.heads_kv <= 0 or self.heads_q % self.heads_kv:
@@ -117,8 +124,11 @@ class SyntheticSpec:
             )
         if self.drift_len <= 0:
             raise ValueError(f"drift_len={self.drift_len} must be positive")
-        if self.topics < 0 or self.drift < 0:
-            raise ValueError(f"topics={self.topics} and drift={self.drift} must be >= 0 (0: off)")
+        if self.topics < 0 or self.drift < 0 or self.head_temp < 0:
+            raise ValueError(
+                f"topics={self.topics}, drift={self.drift} and head_temp={self.head_temp} must "
+                "be >= 0 (0: off)"
+            )
 
 
 def rope_angles(L: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,6 +254,18 @@ def _topics_and_drift(spec: SyntheticSpec, g: torch.Generator, regions: torch.Te
     return dk, dq
 
 
+def _head_factors(heads: int, spread: float, g: torch.Generator) -> torch.Tensor:
+    """``exp(spread * z_h)`` per query head: ``z`` are the normal quantiles at ``(i + 0.5) / heads``
+    scaled to unit standard deviation (so the heads' log-sharpness has standard deviation
+    ``spread`` at any head count), dealt to the heads in a random order; one head: 1."""
+    if heads == 1:
+        return torch.ones(1, dtype=torch.float64)
+    normal = torch.distributions.Normal(0.0, 1.0)
+    z = normal.icdf((torch.arange(heads, dtype=torch.float64) + 0.5) / heads)
+    z = z / z.std(unbiased=False)
+    return (spread * z[torch.randperm(heads, generator=g)]).exp()
+
+
 def synthetic_qkv(
     spec: SyntheticSpec, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -267,6 +289,8 @@ def synthetic_qkv(
                 dk, dq = _topics_and_drift(spec, g_new, regions)
                 k[b, h] += dk
                 q[b, h * group : (h + 1) * group] += dq
+    if spec.head_temp > 0:
+        q *= _head_factors(spec.heads_q, spec.head_temp, g_new)[None, :, None, None]
     return tuple(t.to(dtype=dtype, device=device) for t in (q, k, v))
 
 

@@ -136,6 +136,15 @@ def test_calibration_statistics_see_the_planted_structures():
     # the rows of a tile share their best far keys, which cluster in the regions of their topic
     assert topics["tile_share"] > base["tile_share"] + 0.1, (topics, base)
     assert topics["block_scatter"] < base["block_scatter"] - 0.2, (topics, base)
+    from eval.calibrate import layer_stats, median_stats
+
+    def spread(head_temp):
+        spec = SyntheticSpec(L=1536, heads_q=3, heads_kv=1, head_dim=64, head_temp=head_temp)
+        q, k, _ = synthetic_qkv(spec)
+        return median_stats(layer_stats(q, k))["head_spread"]
+
+    flat, spread_out = spread(0.0), spread(0.3)
+    assert spread_out > flat + 0.5, (spread_out, flat)
     with pytest.raises(ValueError, match="too short"):
         attention_stats(torch.randn(64, 16), torch.randn(64, 16))
 
