@@ -43,8 +43,8 @@ Two structures measured on real captures (``eval/calibrate.py``) and off by defa
   positions with correlation ``exp(-|i - j| / drift_len)``, spread over all content dims, no RoPE)
   is added to both q and k, so ``q_i . k_j`` gains ``drift * exp(-|i - j| / drift_len)`` on
   average: a broad locality band like the one measured on real captures (the logit excess decays
-  over hundreds of tokens), whose far-key spread is only ``drift / sqrt(D)``, not the fast RoPE
-  pairs' oscillation of ``slash``.
+  over hundreds of tokens), whose far-key spread is only about ``drift / sqrt(D)``, not the fast
+  RoPE pairs' oscillation of ``slash``.
 
 A third, ``head_temp``, makes the heads unequally sharp, as a real layer's heads are (on SmolLM2 the
 share of keys holding 90% of a row's mass spans 0.3% to 14% within one layer): query head ``h``'s
