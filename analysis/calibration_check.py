@@ -238,8 +238,8 @@ def section(ctx) -> Section:
             "back over the median of the keys 256 or more back, `tile_share` a row's far mass on "
             "its tile's best far keys over that on its own best, `block_scatter` how those keys "
             "spread over 64-key blocks (0 packed, 1 as random), `tile_overlap` the share of a "
-            "tile's 40 best keys still among those of the tile 4 tiles later (see "
-            "`eval/calibrate.py`).",
+            "tile's 40 best keys still among those of the tile 4 tiles later, `head_spread` the "
+            "spread of log keys90 over a layer's heads (see `eval/calibrate.py`).",
             "",
             "**How close the fit is:** "
             + ", ".join(
