@@ -162,8 +162,10 @@ def test_calibration_check_table_from_matched_records(tmp_path):
         assert rec["status"] == "ok", rec.get("traceback")
         found = sorted((results / "experiments" / f"calibration_check_{key}").glob("*/record.json"))
         pins[f"calibration_check_{key}"] = str(found[0].relative_to(results))
-    layers = {"records": {"calibration_real_by_layer": {"layer0": pins["calibration_check_real"]}}}
-    manifest = {"experiments": pins, **layers}
+    layers = {"layer0": pins["calibration_check_real"]}
+    seeds = {"seed1": pins["calibration_check_calibrated"]}
+    records = {"calibration_real_by_layer": layers, "calibration_calibrated_seeds": seeds}
+    manifest = {"experiments": pins, "records": records}
     (results / "manifest.yaml").write_text(yaml.safe_dump(manifest))
     ctx = make_all.Ctx(results, tmp_path / "fig", manifest, {})
     (tmp_path / "fig").mkdir()
@@ -172,4 +174,5 @@ def test_calibration_check_table_from_matched_records(tmp_path):
     assert "calibration_check.png" in sec.files
     assert "same order" in text and "real capture" in text
     assert "layer by layer" in text and any("layer0 only" in s for s in sec.sources)
+    assert "Other draws" in text and "| seed1 |" in text and "on every pinned draw" in text
     assert any("calibration fit record" in m for m in sec.missing)
