@@ -7,7 +7,10 @@ sparsity, every method's MSE on the three inputs, the methods' order by MSE and 
 over S2O's. How close: whether the order is the same as on the real capture, and the largest factor
 between a method's MSE ratio (method / S2O) on the synthetic input and on the real one. The
 calibrated input is called close when it has the real order at every target sparsity and every
-MSE ratio within ``CLOSE_FACTOR`` of the real one; the default input is shown for contrast.
+MSE ratio within ``CLOSE_FACTOR`` of the real one, on the pinned record and on every other draw
+(seed) pinned under ``records.calibration_calibrated_seeds``; the default input is shown for
+contrast, and the single-layer real records (``records.calibration_real_by_layer``) show how
+much the real ratios depend on the layer.
 """
 
 from __future__ import annotations
