@@ -37,3 +37,19 @@ def test_default_knobs_reproduce_the_pinned_tensors(kw, want64, want32):
     got32 = _digests(synthetic_qkv(spec))
     assert got64 == want64, f"float64 q/k/v digests {got64} != pinned {want64} for {kw}"
     assert got32 == want32, f"float32 q/k/v digests {got32} != pinned {want32} for {kw}"
+
+
+def test_new_structures_leave_the_others_unchanged():
+    """Topics, drift and head_temp draw from their own generator: V is the same tensor, and with
+    topics alone only the keys that carry a topic (about ``topic_frac`` of them) move."""
+    base = dict(L=600, heads_q=4, heads_kv=2, head_dim=32, seed=5)
+    q0, k0, v0 = synthetic_qkv(SyntheticSpec(**base), dtype=torch.float64)
+    topics = SyntheticSpec(**base, topics=3.0, topic_frac=0.2)
+    q1, k1, v1 = synthetic_qkv(topics, dtype=torch.float64)
+    _, _, v2 = synthetic_qkv(
+        SyntheticSpec(**base, topics=3.0, drift=4.0, head_temp=0.5), dtype=torch.float64
+    )
+    assert torch.equal(v0, v1) and torch.equal(v0, v2)
+    moved = (k1 != k0).any(dim=-1).double().mean().item()
+    assert 0.1 < moved < 0.3, f"share of keys moved by topics {moved:.3f}, topic_frac 0.2"
+    assert (q1 != q0).any(dim=-1).all(), "every query carries its region's topic"
