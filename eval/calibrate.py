@@ -18,17 +18,26 @@ Statistics of one head's causal attention (``attention_stats``), over the rows o
   (how concentrated a row is);
 * ``tile_keys90``: the same for the mass of a tile of 128 consecutive query rows on the keys
   before it, key 0 aside (whether the rows of a tile share their important keys: what a
-  tile-sparse method, S2O included, can skip).
+  tile-sparse method, S2O included, can skip);
+* ``band_excess``: the mean logit at offsets 96-159 over the median logit of the keys 256 or more
+  back (how far locality reaches past the last ``LOCAL`` keys: on SmolLM2 it decays over hundreds
+  of tokens);
+* ``tile_share``, ``block_scatter``, ``tile_overlap`` (``tile_sharing``): whether a tile's rows
+  share their important far keys, whether those keys are scattered over key blocks or packed
+  into few, and how long they persist from tile to tile;
+* ``head_spread`` (``median_stats``, across heads): the standard deviation of ``log keys90`` over
+  the heads of one layer, median over layers (how unequally sharp a layer's heads are).
 
 The target is the median of each statistic over the captured heads (a model's layers and heads
-differ a lot: the record keeps every head). The fit minimizes the squared log-ratio of the seven
+differ a lot: the record keeps every head). The fit minimizes the squared log-ratio of the twelve
 statistics of the generator (``eval/synthetic.py``, at the capture's L and head_dim) against the
-target over its five strength knobs (``sink``, ``heavy``, ``slash``, ``background``,
-``horizontal``; ``n_heavy``, ``n_slash``, ``key_mean``, ``frac_horizontal`` stay at their
-defaults), with Nelder-Mead on the log of the knobs. It writes a ``conf/data/`` file (the paper's
-shape: 32 query / 8 KV heads, head_dim 128, 128K; the knobs are in logit units, so they carry over
-across head_dim) and a record with the targets, every head's statistics, the fit's trace and the
-fitted statistics.
+target over the knobs ``KNOBS`` (strengths, counts and lengths; ``n_slash``, ``key_mean``,
+``frac_horizontal``, ``n_topics`` stay at their defaults), with Nelder-Mead on the log of the
+knobs (``n_heavy`` and ``topic_span`` rounded), from the defaults and, for the knobs that are off
+by default (topics, drift), from ``START``. It writes a ``conf/data/`` file (the paper's
+shape: 32 query / 8 KV heads, head_dim 128, 128K; the strengths are in logit units, so they carry
+over across head_dim, but the counts and lengths were fitted at the capture's L) and a record with
+the targets, every head's statistics, the fit's trace and the fitted statistics.
 """
 
 from __future__ import annotations
@@ -47,16 +56,29 @@ from .synthetic import SyntheticSpec, synthetic_qkv
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = 64
-STATS = ("sink", "heavy", "local", "background_std", "row_spread", "keys90", "tile_keys90")
-TILE = 128  # query rows whose key mass is pooled for ``tile_keys90`` (a block_m tile)
-KNOBS = ("sink", "heavy", "slash", "background", "horizontal")
-BOUNDS = {"sink": (0.5, 40.0), "heavy": (0.1, 30.0), "slash": (0.1, 30.0),
-          "background": (0.02, 8.0), "horizontal": (0.01, 8.0)}  # fmt: skip
+STATS = ("sink", "heavy", "local", "background_std", "row_spread", "keys90", "tile_keys90",
+         "band_excess", "tile_share", "block_scatter", "tile_overlap", "head_spread")  # fmt: skip
+TILE = 128  # query rows whose key mass is pooled for the tile statistics (a block_m tile)
+BLOCK = 64  # key block of ``block_scatter`` (a block_n tile)
+BAND = (96, 160)  # offsets of ``band_excess``: past the local band, inside a slow locality
+FAR = 256  # ``band_excess``'s reference: the median logit of keys at least this far back
+OVERLAP_TOP, OVERLAP_GAP = 40, 4  # ``tile_overlap``: top keys compared, tiles apart
+KNOBS = ("sink", "heavy", "n_heavy", "slash", "background", "horizontal", "topics", "topic_frac",
+         "topic_span", "drift", "drift_len", "head_temp")  # fmt: skip
+INT_KNOBS = ("n_heavy", "topic_span")  # fitted on a log scale, rounded
+BOUNDS = {"sink": (0.5, 40.0), "heavy": (0.1, 30.0), "n_heavy": (1, 512), "slash": (0.1, 30.0),
+          "background": (0.02, 8.0), "horizontal": (0.01, 8.0), "topics": (0.1, 30.0),
+          "topic_frac": (0.005, 1.0), "topic_span": (16, 4096), "drift": (0.1, 30.0),
+          "drift_len": (4.0, 2048.0), "head_temp": (0.01, 3.0)}  # fmt: skip
+# Where the fit starts for the knobs that are off by default (the others start at their
+# defaults): the band's logit excess on SmolLM2 is about +8 at offset 0, +4.7 at 64 and +2.6 at
+# 256 (medians over heads), so drift ~6 over ~150 tokens; topics a few logits on a few % of keys.
+START = {"topics": 4.0, "topic_frac": 0.05, "drift": 6.0, "drift_len": 150.0, "head_temp": 0.3}
 
 
 @torch.no_grad()
 def attention_stats(q: torch.Tensor, k: torch.Tensor, n_heavy: int = 16, row_step: int = 4):
-    """The seven statistics of one head, ``q [L, D]``, ``k [L, D]`` (post-RoPE), as floats."""
+    """The statistics ``STATS`` of one head, ``q [L, D]``, ``k [L, D]`` (post-RoPE), as floats."""
     L = q.shape[0]
     rows = torch.arange(L // 2, L, row_step)
     s = (q[rows].double() @ k.double().T) / math.sqrt(q.shape[-1])  # [R, L]
@@ -86,7 +108,61 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, n_heavy: int = 16, row_ste
         "row_spread": float(lme.std()),
         "keys90": float(keys_for_mass(p, causal.sum(dim=-1)).median()),
         "tile_keys90": tile_keys_for_mass(p, rows),
+        "band_excess": band_excess(s, rows),
+        **tile_sharing(p, rows),
     }
+
+
+def band_excess(s: torch.Tensor, rows: torch.Tensor) -> float:
+    """Mean over rows of the mean logit at offsets ``BAND`` (``i - j``) minus the median logit of
+    the keys at least ``FAR`` back (key 0 aside): how far a broad locality reaches past the last
+    ``LOCAL`` keys (on SmolLM2 the excess decays over hundreds of tokens)."""
+    r = torch.arange(len(rows))
+    band = torch.stack([s[r, rows - d] for d in range(*BAND)], dim=-1).mean(dim=-1)
+    cols = torch.arange(s.shape[1])
+    far = (cols[None, :] <= rows[:, None] - FAR) & (cols[None, :] > 0)
+    ref = torch.nanmedian(s.masked_fill(~far, float("nan")), dim=-1).values
+    return float((band - ref).mean())
+
+
+def tile_sharing(p: torch.Tensor, rows: torch.Tensor) -> dict:
+    """How a tile's rows share their important *far* keys (before the tile's ``LOCAL`` band,
+    key 0 aside), medians over tiles of ``TILE`` rows:
+
+    * ``tile_share``: take the fewest far keys holding half of the tile's far mass (``n``); a
+      row's far mass on them over its mass on its own ``n`` best far keys (1: every row's best
+      keys are the tile's);
+    * ``block_scatter``: how those ``n`` keys spread over key blocks of ``BLOCK``: 0 when they fill
+      the fewest blocks possible (contiguous), 1 when they touch as many blocks as ``n`` random
+      keys would on average;
+    * ``tile_overlap``: the fraction of a tile's ``OVERLAP_TOP`` heaviest keys of the first half
+      (key 0 aside) that are also among those of the tile ``OVERLAP_GAP`` tiles later (how long
+      the rows' important keys persist)."""
+    share, scatter, tops = [], [], []
+    half = p.shape[1] // 2 - LOCAL
+    for start in range(int(rows[0]), int(rows[-1]) + 1 - TILE + 1, TILE):
+        sel = (rows >= start) & (rows < start + TILE)
+        far = p[sel, 1 : start - LOCAL]
+        mass = far.sum(dim=0)
+        order = (mass / mass.sum()).sort(descending=True)
+        n = int((order.values.cumsum(dim=0) < 0.5).sum()) + 1
+        row = far / far.sum(dim=-1, keepdim=True)
+        own = row.topk(n, dim=-1).values.sum(dim=-1)
+        share.append(float((row[:, order.indices[:n]].sum(dim=-1) / own).median()))
+        blocks = len(set(((order.indices[:n] + 1) // BLOCK).tolist()))
+        total = math.ceil((start - LOCAL) / BLOCK)
+        rand = total * (1 - (1 - 1 / total) ** n)
+        least = math.ceil(n / BLOCK)
+        scatter.append((blocks - least) / (rand - least) if rand - least > 1e-9 else 1.0)
+        tops.append(set(p[sel, 1:half].sum(dim=0).topk(OVERLAP_TOP).indices.tolist()))
+    overlap = [len(a & b) / OVERLAP_TOP for a, b in zip(tops, tops[OVERLAP_GAP:])]
+    if not overlap:
+        raise ValueError(
+            f"L={p.shape[1]} is too short for tiles {OVERLAP_GAP} apart: use L >= "
+            f"{2 * (OVERLAP_GAP + 2) * TILE}"
+        )
+    med = lambda x: float(torch.tensor(x).median())  # noqa: E731
+    return {"tile_share": med(share), "block_scatter": med(scatter), "tile_overlap": med(overlap)}
 
 
 def tile_keys_for_mass(p: torch.Tensor, rows: torch.Tensor, frac: float = 0.9) -> float:
@@ -121,12 +197,26 @@ def layer_stats(q: torch.Tensor, k: torch.Tensor, **kw) -> list[dict]:
 
 
 def median_stats(per_head: list[dict]) -> dict:
-    return {s: float(torch.tensor([h[s] for h in per_head]).median()) for s in STATS}
+    """Medians over heads of the per-head statistics, and ``head_spread``: the standard deviation
+    of ``log keys90`` over the heads of a layer (median over layers): how unequally sharp the
+    heads of one layer are."""
+    out = {s: float(torch.tensor([h[s] for h in per_head]).median()) for s in STATS if s in
+           per_head[0]}  # fmt: skip
+    layers = sorted({h.get("layer", 0) for h in per_head})
+    spread = [
+        torch.tensor([math.log(h["keys90"]) for h in per_head if h.get("layer", 0) == layer])
+        for layer in layers
+    ]
+    out["head_spread"] = float(torch.tensor([x.std(unbiased=False) for x in spread]).median())
+    return out
 
 
 def loss(stats: dict, target: dict) -> float:
+    """Sum of squared log ratios (statistics below 0, ``band_excess`` can be, count as 0)."""
     eps = 1e-3
-    return sum(math.log((stats[s] + eps) / (target[s] + eps)) ** 2 for s in STATS)
+    return sum(
+        math.log((max(stats[s], 0.0) + eps) / (max(target[s], 0.0) + eps)) ** 2 for s in STATS
+    )
 
 
 def synthetic_stats(knobs: dict, L: int, heads_q: int, heads_kv: int, head_dim: int, seed=0):
@@ -178,35 +268,47 @@ def nelder_mead(f, x0: torch.Tensor, step: float = 0.5, max_evals: int = 120, to
     return simplex[best], values[best]
 
 
-def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: int):
-    """``(knobs, fitted stats, trace)``: the generator's knobs whose statistics match ``target``."""
+def _knobs(x: torch.Tensor) -> dict:
+    out = {}
+    for k, v in zip(KNOBS, _clip(x).exp().tolist()):
+        out[k] = int(round(v)) if k in INT_KNOBS else round(v, 4)
+    return out
+
+
+def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: int,
+        start: dict | None = None):  # fmt: skip
+    """``(knobs, fitted stats, trace)``: the generator's knobs whose statistics match ``target``,
+    searched from ``start`` (default: the generator's defaults, ``START`` for the knobs that are
+    off by default)."""
     trace = []
 
     def f(x: torch.Tensor) -> float:
-        knobs = {k: round(float(v), 4) for k, v in zip(KNOBS, _clip(x).exp())}
+        knobs = _knobs(x)
         st = synthetic_stats(knobs, L, heads[0], heads[1], head_dim)
         value = loss(st, target)
         trace.append({"knobs": knobs, "loss": value})
         print(f"{len(trace):4d} loss {value:.4f} {knobs}", file=sys.stderr, flush=True)
         return value
 
-    default = SyntheticSpec()
-    x0 = torch.tensor([math.log(getattr(default, k)) for k in KNOBS], dtype=torch.float64)
+    start = {**dataclasses.asdict(SyntheticSpec()), **START, **(start or {})}
+    x0 = torch.tensor([math.log(start[k]) for k in KNOBS], dtype=torch.float64)
     x, _ = nelder_mead(f, _clip(x0), max_evals=max_evals)
-    knobs = {k: round(float(v), 4) for k, v in zip(KNOBS, _clip(x).exp())}
+    knobs = _knobs(x)
     return knobs, synthetic_stats(knobs, L, heads[0], heads[1], head_dim), trace
 
 
 CONF_HEAD = """\
 # Synthetic Q/K/V calibrated on real captured attention (eval/calibrate.py; made by
 #   {command}
-# at git {git}). The five strength knobs were fitted so that the generator's attention statistics
-# (sink mass, heavy-hitter mass, local-band mass, background logit std, row spread, and the keys
-# holding 90% of a row's and of a 128-row tile's mass; medians over heads) match those of
+# at git {git}). The knobs {knobs} were fitted so that the generator's attention
+# statistics (sink mass, heavy-hitter mass, local-band mass, background logit std, row spread, the
+# keys holding 90% of a row's and of a 128-row tile's mass, the locality band's reach, and how a
+# tile's rows share, scatter and keep their important keys; medians over heads) match those of
 # {source}. Fit record: {record}.
-# The shape below is the paper's (32 query / 8 KV heads, head_dim 128, 128K); the knobs are in
+# The shape below is the paper's (32 query / 8 KV heads, head_dim 128, 128K); the strengths are in
 # logit units and were fitted at the capture's L={L} and head_dim={D}: at 128K the background has
-# 32x more keys, an extrapolation the fit itself does not check.
+# 32x more keys, and the counts and lengths (n_heavy, topic_frac, topic_span, drift_len) were
+# fitted at L={L}, an extrapolation the fit itself does not check.
 """
 
 
@@ -246,6 +348,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, nargs="*", default=None, help="default: capture_layers")
     ap.add_argument("--fit-heads", type=int, nargs=2, default=(3, 1), metavar=("HQ", "HKV"))
     ap.add_argument("--max-evals", type=int, default=120)
+    ap.add_argument(
+        "--start",
+        type=Path,
+        default=None,
+        help="a conf/data file whose knobs (those > 0) start the search (default: the defaults)",
+    )
     ap.add_argument("--out", type=Path, default=Path("conf/data/synthetic_calibrated.yaml"))
     ap.add_argument("--record", type=Path, default=Path("results/captures/calibration_fit.json"))
     ap.add_argument(
@@ -263,7 +371,13 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         per_head, info, D = real_stats(args.model, args.L, args.layers)
     target = median_stats(per_head)
-    knobs, fitted, trace = fit(target, args.L, tuple(args.fit_heads), D, args.max_evals)
+    start = None
+    if args.start is not None:
+        from omegaconf import OmegaConf
+
+        conf = OmegaConf.load(args.start)
+        start = {k: conf[k] for k in KNOBS if k in conf and conf[k] > 0}
+    knobs, fitted, trace = fit(target, args.L, tuple(args.fit_heads), D, args.max_evals, start)
     default = synthetic_stats({}, args.L, args.fit_heads[0], args.fit_heads[1], D)
     rec = {
         "input": info, "L": args.L, "head_dim": D, "fit_heads": list(args.fit_heads),
@@ -271,13 +385,14 @@ def main(argv: list[str] | None = None) -> dict:
         "default_stats": default, "loss": loss(fitted, target),
         "default_loss": loss(default, target), "evals": len(trace), "trace": trace,
         "command": "python -m eval.calibrate " + " ".join(argv), "git_revision": _git_rev(),
+        "start": start,
     }  # fmt: skip
     args.record.parent.mkdir(parents=True, exist_ok=True)
     args.record.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     source = info.get("model", info.get("synthetic"))
     meta = {"command": rec["command"], "git": rec["git_revision"], "record": str(args.record),
             "source": f"{source} on {info.get('text', '-')} at L={args.L}", "L": args.L,
-            "D": D}  # fmt: skip
+            "D": D, "knobs": ", ".join(KNOBS)}  # fmt: skip
     write_conf(args.out, knobs, meta)
     print(json.dumps({"target": target, "fitted": fitted, "knobs": knobs}, indent=1))
     return rec

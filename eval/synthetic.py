@@ -27,6 +27,35 @@ extra ``q . k / sqrt(D)`` a structure adds where it applies.
   stripes above) and moved ``horizontal`` logit units along ``mu`` (their whole row of scores is
   high; S2O's ``Q_perm`` ranks exactly these queries first).
 
+Two structures measured on real captures (``eval/calibrate.py``) and off by default (strength 0):
+
+* **Topics** (``topics``, ``n_topics``, ``topic_span``, ``topic_frac``): the text is a sequence of
+  regions of ``topic_span`` tokens, each about one of ``n_topics`` topics (drawn per region, shared
+  by all heads of a batch element). A random ``topic_frac`` of the keys of each region carry the
+  region's topic direction ``u_z`` (one unit content per topic and KV head); every query carries
+  the topic of its own region. So the rows of a tile share their important far keys, and those keys
+  are single tokens scattered over the earlier regions of the same topic (clustered by region, not
+  contiguous): on SmolLM2's captures the rows of a 128-row tile share their top far keys
+  (``tile_share``) and those keys fall in fewer key blocks than random tokens would
+  (``block_scatter``) without forming runs. ``topics`` is the logit a topic key adds to a query of
+  its topic.
+* **Drift** (``drift``, ``drift_len``): a slowly varying content ``r_t`` (an AR(1) sequence over
+  positions with correlation ``exp(-|i - j| / drift_len)``, spread over all content dims, no RoPE)
+  is added to both q and k, so ``q_i . k_j`` gains ``drift * exp(-|i - j| / drift_len)`` on
+  average: a broad locality band like the one measured on real captures (the logit excess decays
+  over hundreds of tokens), whose far-key spread is only about ``drift / sqrt(D)``, not the fast
+  RoPE pairs' oscillation of ``slash``.
+
+A third, ``head_temp``, makes the heads unequally sharp, as a real layer's heads are (on SmolLM2 the
+share of keys holding 90% of a row's mass spans 0.3% to 14% within one layer): query head ``h``'s
+whole query (every structure's logit) is scaled by ``exp(head_temp * z_h)``, ``z`` deterministic
+normal quantiles of unit spread dealt to the heads at random.
+
+All three draw from their own generator (seeded from ``seed``), so turning them on leaves every
+other structure's tensors unchanged (``head_temp`` then scales the whole query), and with all
+three off the tensors are bit for bit those of the generator before they were added
+(``tests/test_synthetic_pin.py``).
+
 The sink/heavy direction ``g`` and the key-mean direction ``mu`` live in two reserved RoPE pairs
 (the two lowest frequencies, no rotation applied to them) that the random contents avoid, so a
 strength is the logit it adds and not a random multiple of it (a strong key in a random direction
@@ -68,6 +97,13 @@ class SyntheticSpec:
     horizontal: float = 1.0
     frac_horizontal: float = 0.02
     rope_base: float = 10000.0
+    topics: float = 0.0  # 0: no topic structure
+    n_topics: int = 8
+    topic_span: int = 256
+    topic_frac: float = 0.1
+    drift: float = 0.0  # 0: no drift band
+    drift_len: float = 128.0
+    head_temp: float = 0.0  # 0: every head equally sharp
 
     def __post_init__(self):
         if self.heads_kv <= 0 or self.heads_q % self.heads_kv:
@@ -80,6 +116,19 @@ class SyntheticSpec:
             raise ValueError(f"L={self.L} and batch={self.batch} must be positive")
         if not 0.0 <= self.frac_horizontal <= 1.0:
             raise ValueError(f"frac_horizontal={self.frac_horizontal} must be in [0, 1]")
+        if not 0.0 <= self.topic_frac <= 1.0:
+            raise ValueError(f"topic_frac={self.topic_frac} must be in [0, 1]")
+        if self.n_topics <= 0 or self.topic_span <= 0:
+            raise ValueError(
+                f"n_topics={self.n_topics} and topic_span={self.topic_span} must be positive"
+            )
+        if self.drift_len <= 0:
+            raise ValueError(f"drift_len={self.drift_len} must be positive")
+        if self.topics < 0 or self.drift < 0 or self.head_temp < 0:
+            raise ValueError(
+                f"topics={self.topics}, drift={self.drift} and head_temp={self.head_temp} must "
+                "be >= 0 (0: off)"
+            )
 
 
 def rope_angles(L: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,6 +208,64 @@ def _q_head(spec: SyntheticSpec, g: torch.Generator, angle, shared) -> torch.Ten
     return q
 
 
+def _ar1(g: torch.Generator, L: int, D: int, length: float) -> torch.Tensor:
+    """``r [L, D]``, zero in the reserved dims, ``E[r_i . r_j] = exp(-|i - j| / length)``.
+
+    ``r_t = rho r_{t-1} + sqrt(1 - rho^2) xi_t`` with ``rho = exp(-1 / length)`` and ``xi_t`` of
+    unit expected norm, computed chunk by chunk: inside a chunk ``r_t`` is ``rho^(t-s+1) r_{s-1}``
+    plus a discounted cumulative sum (chunks of at most ``16 length`` keep the discounts within
+    ``e^16`` of each other, far from float64's limits)."""
+    xi = _content(g, L, D)
+    xi = xi / math.sqrt(D - 4)  # E|xi_t|^2 = 1 over the D - 4 content dims
+    rho = math.exp(-1.0 / length)
+    r = torch.empty_like(xi)
+    prev = xi[0]
+    r[0] = prev
+    chunk = max(1, min(1024, int(16 * length)))
+    c = math.sqrt(1.0 - rho * rho)
+    for s in range(1, L, chunk):
+        e = min(L, s + chunk)
+        n = torch.arange(e - s, dtype=torch.float64)
+        up = rho ** (-n)  # rho^-(u - s)
+        acc = torch.cumsum(xi[s:e] * up[:, None], dim=0) * (rho**n)[:, None]
+        r[s:e] = rho ** (n + 1)[:, None] * prev + c * acc
+        prev = r[e - 1]
+    return r
+
+
+def _topics_and_drift(spec: SyntheticSpec, g: torch.Generator, regions: torch.Tensor):
+    """Post-RoPE additions ``(dk [L, D], dq [L, D])`` of one KV head: topics and drift."""
+    L, D = spec.L, spec.head_dim
+    dk = torch.zeros(L, D, dtype=torch.float64)
+    dq = torch.zeros(L, D, dtype=torch.float64)
+    if spec.topics > 0:
+        scale = math.sqrt(spec.topics * math.sqrt(D))
+        u = _unit(g, spec.n_topics, D) * scale
+        z = regions[torch.arange(L) // spec.topic_span]
+        carries = torch.rand(L, generator=g, dtype=torch.float64) < spec.topic_frac
+        carries[0] = False  # the sink stays pure
+        dk[carries] += u[z[carries]]
+        dq += u[z]
+    if spec.drift > 0:
+        r = _ar1(g, L, D, spec.drift_len) * math.sqrt(spec.drift * math.sqrt(D))
+        r[0] = 0.0  # the sink stays pure
+        dk += r
+        dq += r
+    return dk, dq
+
+
+def _head_factors(heads: int, spread: float, g: torch.Generator) -> torch.Tensor:
+    """``exp(spread * z_h)`` per query head: ``z`` are the normal quantiles at ``(i + 0.5) / heads``
+    scaled to unit standard deviation (so the heads' log-sharpness has standard deviation
+    ``spread`` at any head count), dealt to the heads in a random order; one head: 1."""
+    if heads == 1:
+        return torch.ones(1, dtype=torch.float64)
+    normal = torch.distributions.Normal(0.0, 1.0)
+    z = normal.icdf((torch.arange(heads, dtype=torch.float64) + 0.5) / heads)
+    z = z / z.std(unbiased=False)
+    return (spread * z[torch.randperm(heads, generator=g)]).exp()
+
+
 def synthetic_qkv(
     spec: SyntheticSpec, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -169,12 +276,21 @@ def synthetic_qkv(
     shape_kv = (spec.batch, spec.heads_kv, spec.L, spec.head_dim)
     q = torch.empty(spec.batch, spec.heads_q, spec.L, spec.head_dim, dtype=torch.float64)
     k, v = torch.empty(shape_kv, dtype=torch.float64), torch.empty(shape_kv, dtype=torch.float64)
+    g_new = torch.Generator().manual_seed(2**32 + spec.seed)  # topics and drift only
     for b in range(spec.batch):
+        n_regions = -(-spec.L // spec.topic_span)
+        regions = torch.randint(spec.n_topics, (n_regions,), generator=g_new)
         for h in range(spec.heads_kv):
             k[b, h], shared = _kv_head(spec, g, angle)
             v[b, h] = torch.randn(spec.L, spec.head_dim, generator=g, dtype=torch.float64)
             for j in range(group):
                 q[b, h * group + j] = _q_head(spec, g, angle, shared)
+            if spec.topics > 0 or spec.drift > 0:
+                dk, dq = _topics_and_drift(spec, g_new, regions)
+                k[b, h] += dk
+                q[b, h * group : (h + 1) * group] += dq
+    if spec.head_temp > 0:
+        q *= _head_factors(spec.heads_q, spec.head_temp, g_new)[None, :, None, None]
     return tuple(t.to(dtype=dtype, device=device) for t in (q, k, v))
 
 

@@ -88,7 +88,7 @@ def test_calibration_fit_runs_at_a_tiny_size(tmp_path):
         [
             "--synthetic-target",
             "--L",
-            "512",
+            "1536",
             "--fit-heads",
             "2",
             "1",
@@ -117,7 +117,7 @@ def test_calibration_statistics_see_the_planted_structures():
     from eval.synthetic import SyntheticSpec, synthetic_qkv
 
     def stats(**kw):
-        q, k, _ = synthetic_qkv(SyntheticSpec(L=512, heads_q=1, heads_kv=1, head_dim=64, **kw))
+        q, k, _ = synthetic_qkv(SyntheticSpec(L=1536, heads_q=1, heads_kv=1, head_dim=64, **kw))
         return attention_stats(q[0, 0], k[0, 0])
 
     base = stats(sink=0.0, heavy=0.0, slash=0.0, horizontal=0.0)
@@ -129,6 +129,22 @@ def test_calibration_statistics_see_the_planted_structures():
         > 1.5 * base["background_std"]
     )
     assert stats(sink=0.0, heavy=6.0, slash=0.0, horizontal=0.0)["heavy"] > 3 * base["heavy"]
+    drift = stats(sink=0.0, heavy=0.0, slash=0.0, horizontal=0.0, drift=6.0, drift_len=150.0)
+    assert drift["band_excess"] > 2.0 > 0.5 > abs(base["band_excess"]), (drift, base)
+    assert drift["local"] > 3 * base["local"], (drift, base)
+    topics = stats(sink=0.0, heavy=0.0, slash=0.0, horizontal=0.0, topics=6.0, topic_frac=0.05)
+    # the rows of a tile share their best far keys, which cluster in the regions of their topic
+    assert topics["tile_share"] > base["tile_share"] + 0.1, (topics, base)
+    assert topics["block_scatter"] < base["block_scatter"] - 0.2, (topics, base)
+    from eval.calibrate import layer_stats, median_stats
+
+    def spread(head_temp):
+        spec = SyntheticSpec(L=1536, heads_q=3, heads_kv=1, head_dim=64, head_temp=head_temp)
+        q, k, _ = synthetic_qkv(spec)
+        return median_stats(layer_stats(q, k))["head_spread"]
+
+    flat, spread_out = spread(0.0), spread(0.3)
+    assert spread_out > flat + 0.5, (spread_out, flat)
     with pytest.raises(ValueError, match="too short"):
         attention_stats(torch.randn(64, 16), torch.randn(64, 16))
 
@@ -146,11 +162,17 @@ def test_calibration_check_table_from_matched_records(tmp_path):
         assert rec["status"] == "ok", rec.get("traceback")
         found = sorted((results / "experiments" / f"calibration_check_{key}").glob("*/record.json"))
         pins[f"calibration_check_{key}"] = str(found[0].relative_to(results))
-    (results / "manifest.yaml").write_text(yaml.safe_dump({"experiments": pins}))
-    ctx = make_all.Ctx(results, tmp_path / "fig", {"experiments": pins}, {})
+    layers = {"layer0": pins["calibration_check_real"]}
+    seeds = {"seed1": pins["calibration_check_calibrated"]}
+    records = {"calibration_real_by_layer": layers, "calibration_calibrated_seeds": seeds}
+    manifest = {"experiments": pins, "records": records}
+    (results / "manifest.yaml").write_text(yaml.safe_dump(manifest))
+    ctx = make_all.Ctx(results, tmp_path / "fig", manifest, {})
     (tmp_path / "fig").mkdir()
     sec = calibration_check.section(ctx)
     text = "\n".join(sec.body)
     assert "calibration_check.png" in sec.files
     assert "same order" in text and "real capture" in text
+    assert "layer by layer" in text and any("layer0 only" in s for s in sec.sources)
+    assert "Other draws" in text and "| seed1 |" in text and "on every pinned draw" in text
     assert any("calibration fit record" in m for m in sec.missing)
