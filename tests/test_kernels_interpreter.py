@@ -424,6 +424,8 @@ TOPK_CASES = [
     (torch.float16, "fused", False, 1, 4, 1, 90, 64, 16),  # GQA 4
     (torch.float32, "fused", False, 1, 2, 1, 70, 128, 0),
     (torch.float32, "two_pass", True, 1, 2, 1, 20, 64, 0),  # L < S and L < block: nothing ranked
+    (torch.float16, "two_pass", True, 1, 2, 1, 100, 256, 0),  # head_dim 256
+    (torch.float16, "fused", False, 1, 2, 1, 90, 256, 16),
 ]
 
 
@@ -477,3 +479,22 @@ def test_topk_method_triton_path_equals_reference_path(gen):
     assert _rel(out, ref) <= 2 * _yardstick(q, k, v, causal=False) + 1e-5
     assert torch.equal(st.extra["pass2_tiles"], rst.extra["pass2_tiles"])
     assert st.sparsity == rst.sparsity > 0
+
+
+@pytest.mark.parametrize("variant", ["two_pass", "fused"])
+def test_topk_sub_tiled_walk_matches_reference(variant, gen):
+    """The top-k walk with key tiles computed in parts (head_dim 256's sub-tiles on the GPU: here
+    32-key tiles in 16-key parts): the key cap falls on a tile boundary, never inside a part."""
+    seg, block = 64, 32
+    q, k, v = _qkv(1, 2, 1, 230, 256, torch.float16, gen, peak=1.5)
+    perms = s2o_permutations(q, k, seg, 0, False)
+    launch = {name: Launch(sub_n=16) for name in ("pass2", "fused")}
+    kw = dict(segment_len=seg, block_m=block, block_n=block, q_perm=variant == "two_pass",
+              causal=False, tau=0.0, perms=perms, topk_ratio=0.4)  # fmt: skip
+    ref, rst = s2o_reference(q, k, v, **kw)
+    out = torch.full_like(q, float("nan"))
+    out, st = s2o_triton(q, k, v, variant=variant, out=out, launch=launch, **kw)
+    assert not out.isnan().any()
+    assert _rel(out, ref) <= 2 * _yardstick(q, k, v, causal=False) + 1e-5
+    assert torch.equal(st.extra["pass2_tiles"], rst.extra["pass2_tiles"])
+    assert 0 < st.sparsity == rst.sparsity
