@@ -68,6 +68,7 @@ FAR = 256  # ``band_excess``'s reference: the median logit of keys at least this
 OVERLAP_TOP, OVERLAP_GAP = 40, 4  # ``tile_overlap``: top keys compared, tiles apart
 KNOBS = ("sink", "heavy", "n_heavy", "slash", "background", "horizontal", "topics", "topic_frac",
          "topic_span", "drift", "drift_len", "head_temp")  # fmt: skip
+OFF_UNLESS_SET = ("topic_balance",)  # written into the conf/data file only when a fit sets it
 INT_KNOBS = ("n_heavy", "topic_span")  # fitted on a log scale, rounded
 BOUNDS = {"sink": (0.5, 40.0), "heavy": (0.1, 30.0), "n_heavy": (1, 512), "slash": (0.1, 30.0),
           "background": (0.02, 8.0), "horizontal": (0.01, 8.0), "topics": (0.1, 30.0),
@@ -289,16 +290,19 @@ def _knobs(x: torch.Tensor) -> dict:
 
 
 def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: int,
-        start: dict | None = None, seeds: tuple[int, ...] = (0,)):  # fmt: skip
+        start: dict | None = None, seeds: tuple[int, ...] = (0,),
+        fixed: dict | None = None):  # fmt: skip
     """``(knobs, fitted stats, trace)``: the generator's knobs whose statistics, pooled over the
     draws ``seeds`` (``synthetic_stats``), match ``target``, searched from ``start`` (default: the
     generator's defaults, ``START`` for the knobs that are off by default). Every evaluation uses
     the same seeds, so the objective is deterministic; more draws make it depend less on one
-    draw's few random objects (heavy keys, topic regions, per-head scales) and cost time."""
+    draw's few random objects (heavy keys, topic regions, per-head scales) and cost time.
+    ``fixed``: generator settings held fixed, not fitted (e.g. ``topic_balance``)."""
     trace = []
+    fixed = fixed or {}
 
     def f(x: torch.Tensor) -> float:
-        knobs = _knobs(x)
+        knobs = {**_knobs(x), **fixed}
         st = synthetic_stats(knobs, L, heads[0], heads[1], head_dim, seeds)
         value = loss(st, target)
         trace.append({"knobs": knobs, "loss": value})
@@ -308,7 +312,7 @@ def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: 
     start = {**dataclasses.asdict(SyntheticSpec()), **START, **(start or {})}
     x0 = torch.tensor([math.log(start[k]) for k in KNOBS], dtype=torch.float64)
     x, _ = nelder_mead(f, _clip(x0), max_evals=max_evals)
-    knobs = _knobs(x)
+    knobs = {**_knobs(x), **fixed}
     return knobs, synthetic_stats(knobs, L, heads[0], heads[1], head_dim, seeds), trace
 
 
@@ -342,6 +346,8 @@ def write_conf(path: Path, knobs: dict, meta: dict) -> None:
     base.update(L=131072, heads_q=32, heads_kv=8, head_dim=128, **knobs)
     lines = ["source: synthetic"]
     for key, value in base.items():
+        if key in OFF_UNLESS_SET and key not in knobs:
+            continue  # a switch this fit left off: the file keeps conf/data/synthetic.yaml's keys
         lines.append(f"{key}: " + ("${seed}" if key == "seed" else json.dumps(value)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(CONF_HEAD.format(**meta) + "\n".join(lines) + "\n")
@@ -394,6 +400,11 @@ def main(argv: list[str] | None = None) -> dict:
         default=[0, 1, 2, 3],
         help="single draws whose loss the record gives for the start and the fitted knobs",
     )
+    ap.add_argument(
+        "--topic-balance",
+        action="store_true",
+        help="fit the generator with topic_balance (every topic the same number of regions)",
+    )
     ap.add_argument("--max-evals", type=int, default=120)
     ap.add_argument(
         "--start",
@@ -425,7 +436,8 @@ def main(argv: list[str] | None = None) -> dict:
         conf = OmegaConf.load(args.start)
         start = {k: conf[k] for k in KNOBS if k in conf and conf[k] > 0}
     heads, seeds = tuple(args.fit_heads), tuple(args.fit_seeds)
-    knobs, fitted, trace = fit(target, args.L, heads, D, args.max_evals, start, seeds)
+    fixed = {"topic_balance": True} if args.topic_balance else {}
+    knobs, fitted, trace = fit(target, args.L, heads, D, args.max_evals, start, seeds, fixed)
     default = synthetic_stats({}, args.L, heads[0], heads[1], D, seeds)
     report = tuple(args.report_seeds)
     per_draw = {
