@@ -42,7 +42,7 @@ Two structures measured on real captures (``eval/calibrate.py``) and off by defa
   number of regions (give or take one), in a random order, instead of drawn independently: at
   L=4096 and spans of ~200 tokens there are only ~20 regions for 8 topics, all heads share them,
   so with independent draws how many earlier regions share a query's topic moves every head's
-  statistics at once from one draw to the next (on the calibrated knobs the sink mass of one
+  statistics at once from one draw to the next (on the pooled fit's knobs the sink mass of one
   draw's median head spans 0.09-0.28 over seeds 0-7, 0.13-0.21 balanced).
 * **Drift** (``drift``, ``drift_len``): a slowly varying content ``r_t`` (an AR(1) sequence over
   positions with correlation ``exp(-|i - j| / drift_len)``, spread over all content dims, no RoPE)
