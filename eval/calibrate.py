@@ -30,14 +30,17 @@ Statistics of one head's causal attention (``attention_stats``), over the rows o
 
 The target is the median of each statistic over the captured heads (a model's layers and heads
 differ a lot: the record keeps every head). The fit minimizes the squared log-ratio of the twelve
-statistics of the generator (``eval/synthetic.py``, at the capture's L and head_dim) against the
+statistics of the generator (``eval/synthetic.py``, at the capture's L and head_dim, medians over
+the heads of several draws: ``--fit-seeds``, each draw a layer of ``--fit-heads`` heads, so the
+knobs do not fit one draw's few heavy keys, topic regions and head scales) against the
 target over the knobs ``KNOBS`` (strengths, counts and lengths; ``n_slash``, ``key_mean``,
 ``frac_horizontal``, ``n_topics`` stay at their defaults), with Nelder-Mead on the log of the
 knobs (``n_heavy`` and ``topic_span`` rounded), from the defaults and, for the knobs that are off
 by default (topics, drift), from ``START``. It writes a ``conf/data/`` file (the paper's
 shape: 32 query / 8 KV heads, head_dim 128, 128K; the strengths are in logit units, so they carry
 over across head_dim, but the counts and lengths were fitted at the capture's L) and a record with
-the targets, every head's statistics, the fit's trace and the fitted statistics.
+the targets, every head's statistics, the fit's trace, the fitted statistics and each single
+draw's loss (``--report-seeds``) at the start and at the fit.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ FAR = 256  # ``band_excess``'s reference: the median logit of keys at least this
 OVERLAP_TOP, OVERLAP_GAP = 40, 4  # ``tile_overlap``: top keys compared, tiles apart
 KNOBS = ("sink", "heavy", "n_heavy", "slash", "background", "horizontal", "topics", "topic_frac",
          "topic_span", "drift", "drift_len", "head_temp")  # fmt: skip
+OFF_UNLESS_SET = ("topic_balance",)  # written into the conf/data file only when a fit sets it
 INT_KNOBS = ("n_heavy", "topic_span")  # fitted on a log scale, rounded
 BOUNDS = {"sink": (0.5, 40.0), "heavy": (0.1, 30.0), "n_heavy": (1, 512), "slash": (0.1, 30.0),
           "background": (0.02, 8.0), "horizontal": (0.01, 8.0), "topics": (0.1, 30.0),
@@ -219,11 +223,21 @@ def loss(stats: dict, target: dict) -> float:
     )
 
 
-def synthetic_stats(knobs: dict, L: int, heads_q: int, heads_kv: int, head_dim: int, seed=0):
-    spec = SyntheticSpec(L=L, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, seed=seed,
-                         **knobs)  # fmt: skip
-    q, k, _ = synthetic_qkv(spec)
-    return median_stats(layer_stats(q, k))
+def synthetic_stats(knobs: dict, L: int, heads_q: int, heads_kv: int, head_dim: int,
+                    seeds: tuple[int, ...] = (0,)) -> dict:  # fmt: skip
+    """``median_stats`` of the generator with ``knobs`` over the heads of several draws: each
+    seed's ``heads_q`` heads play the part of one captured layer's heads (the medians pool every
+    head of every draw, ``head_spread`` is the median over draws), as the real target pools the
+    heads of several layers. One seed gives that draw's statistics."""
+    if not seeds:
+        raise ValueError("seeds must name at least one draw of the generator")
+    per_head = []
+    for seed in seeds:
+        spec = SyntheticSpec(L=L, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+                             seed=seed, **knobs)  # fmt: skip
+        q, k, _ = synthetic_qkv(spec)
+        per_head += [{"layer": seed, **st} for st in layer_stats(q, k)]
+    return median_stats(per_head)
 
 
 def _clip(x: torch.Tensor) -> torch.Tensor:
@@ -276,15 +290,20 @@ def _knobs(x: torch.Tensor) -> dict:
 
 
 def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: int,
-        start: dict | None = None):  # fmt: skip
-    """``(knobs, fitted stats, trace)``: the generator's knobs whose statistics match ``target``,
-    searched from ``start`` (default: the generator's defaults, ``START`` for the knobs that are
-    off by default)."""
+        start: dict | None = None, seeds: tuple[int, ...] = (0,),
+        fixed: dict | None = None):  # fmt: skip
+    """``(knobs, fitted stats, trace)``: the generator's knobs whose statistics, pooled over the
+    draws ``seeds`` (``synthetic_stats``), match ``target``, searched from ``start`` (default: the
+    generator's defaults, ``START`` for the knobs that are off by default). Every evaluation uses
+    the same seeds, so the objective is deterministic; more draws make it depend less on one
+    draw's few random objects (heavy keys, topic regions, per-head scales) and cost time.
+    ``fixed``: generator settings held fixed, not fitted (e.g. ``topic_balance``)."""
     trace = []
+    fixed = fixed or {}
 
     def f(x: torch.Tensor) -> float:
-        knobs = _knobs(x)
-        st = synthetic_stats(knobs, L, heads[0], heads[1], head_dim)
+        knobs = {**_knobs(x), **fixed}
+        st = synthetic_stats(knobs, L, heads[0], heads[1], head_dim, seeds)
         value = loss(st, target)
         trace.append({"knobs": knobs, "loss": value})
         print(f"{len(trace):4d} loss {value:.4f} {knobs}", file=sys.stderr, flush=True)
@@ -293,8 +312,18 @@ def fit(target: dict, L: int, heads: tuple[int, int], head_dim: int, max_evals: 
     start = {**dataclasses.asdict(SyntheticSpec()), **START, **(start or {})}
     x0 = torch.tensor([math.log(start[k]) for k in KNOBS], dtype=torch.float64)
     x, _ = nelder_mead(f, _clip(x0), max_evals=max_evals)
-    knobs = _knobs(x)
-    return knobs, synthetic_stats(knobs, L, heads[0], heads[1], head_dim), trace
+    knobs = {**_knobs(x), **fixed}
+    return knobs, synthetic_stats(knobs, L, heads[0], heads[1], head_dim, seeds), trace
+
+
+def draw_losses(knobs: dict, target: dict, L: int, heads: tuple[int, int], head_dim: int,
+                seeds: tuple[int, ...]) -> dict:  # fmt: skip
+    """The loss of each single draw (seed) of the generator with ``knobs`` against ``target``:
+    how much the fit's match depends on the draw (the calibration check runs single draws)."""
+    return {
+        str(s): loss(synthetic_stats(knobs, L, heads[0], heads[1], head_dim, (s,)), target)
+        for s in seeds
+    }
 
 
 CONF_HEAD = """\
@@ -317,6 +346,8 @@ def write_conf(path: Path, knobs: dict, meta: dict) -> None:
     base.update(L=131072, heads_q=32, heads_kv=8, head_dim=128, **knobs)
     lines = ["source: synthetic"]
     for key, value in base.items():
+        if key in OFF_UNLESS_SET and key not in knobs:
+            continue  # a switch this fit left off: the file keeps conf/data/synthetic.yaml's keys
         lines.append(f"{key}: " + ("${seed}" if key == "seed" else json.dumps(value)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(CONF_HEAD.format(**meta) + "\n".join(lines) + "\n")
@@ -346,7 +377,34 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default="smollm2_135m", help="conf/model/<name>.yaml")
     ap.add_argument("--L", type=int, default=4096)
     ap.add_argument("--layers", type=int, nargs="*", default=None, help="default: capture_layers")
-    ap.add_argument("--fit-heads", type=int, nargs=2, default=(3, 1), metavar=("HQ", "HKV"))
+    ap.add_argument(
+        "--fit-heads",
+        type=int,
+        nargs=2,
+        default=(9, 3),
+        metavar=("HQ", "HKV"),
+        help="heads of one draw (default: a SmolLM2 layer's, the check's shape)",
+    )
+    ap.add_argument(
+        "--fit-seeds",
+        type=int,
+        nargs="+",
+        default=[100, 101, 102],
+        help="draws whose heads are pooled per evaluation (default: three, none of the check's "
+        "seeds 0-3)",
+    )
+    ap.add_argument(
+        "--report-seeds",
+        type=int,
+        nargs="*",
+        default=[0, 1, 2, 3],
+        help="single draws whose loss the record gives for the start and the fitted knobs",
+    )
+    ap.add_argument(
+        "--topic-balance",
+        action="store_true",
+        help="fit the generator with topic_balance (every topic the same number of regions)",
+    )
     ap.add_argument("--max-evals", type=int, default=120)
     ap.add_argument(
         "--start",
@@ -377,10 +435,19 @@ def main(argv: list[str] | None = None) -> dict:
 
         conf = OmegaConf.load(args.start)
         start = {k: conf[k] for k in KNOBS if k in conf and conf[k] > 0}
-    knobs, fitted, trace = fit(target, args.L, tuple(args.fit_heads), D, args.max_evals, start)
-    default = synthetic_stats({}, args.L, args.fit_heads[0], args.fit_heads[1], D)
+    heads, seeds = tuple(args.fit_heads), tuple(args.fit_seeds)
+    fixed = {"topic_balance": True} if args.topic_balance else {}
+    knobs, fitted, trace = fit(target, args.L, heads, D, args.max_evals, start, seeds, fixed)
+    default = synthetic_stats({}, args.L, heads[0], heads[1], D, seeds)
+    report = tuple(args.report_seeds)
+    per_draw = {
+        "seeds": list(report),
+        "start": draw_losses(trace[0]["knobs"], target, args.L, heads, D, report),
+        "fitted": draw_losses(knobs, target, args.L, heads, D, report),
+    }
     rec = {
         "input": info, "L": args.L, "head_dim": D, "fit_heads": list(args.fit_heads),
+        "fit_seeds": list(seeds), "draw_losses": per_draw,
         "target": target, "per_head": per_head, "knobs": knobs, "fitted_stats": fitted,
         "default_stats": default, "loss": loss(fitted, target),
         "default_loss": loss(default, target), "evals": len(trace), "trace": trace,
