@@ -7,7 +7,7 @@ import os
 import torch
 
 from .reference import s2o_reference
-from .stats import AttentionStats, check_topk_ratio
+from .stats import AttentionStats, check_topk_ratio, refuse_topk_with_early_stop
 from .validation import (
     check_bool,
     check_choice,
@@ -151,11 +151,7 @@ def s2o_attention(
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     topk_ratio = check_topk_ratio(topk_ratio)
-    if topk_ratio is not None and tau > 0:
-        raise ValueError(
-            f"topk_ratio={topk_ratio!r} walks a fixed share of the ranked prefix without early "
-            f"stopping: tau must be <= 0, got tau={tau!r}"
-        )
+    refuse_topk_with_early_stop(topk_ratio, tau)
     knobs = dict(
         segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=use_q_perm, scale=scale, stop_tile=stop_tile,

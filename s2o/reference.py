@@ -63,7 +63,14 @@ import math
 
 import torch
 
-from .stats import AttentionStats, _cdiv, s2o_ranked_len, s2o_stats, s2o_walk_tiles
+from .stats import (
+    AttentionStats,
+    _cdiv,
+    refuse_topk_with_early_stop,
+    s2o_ranked_len,
+    s2o_stats,
+    s2o_walk_tiles,
+)
 
 
 def segment_ranges(seq_len: int, segment_len: int) -> list[tuple[int, int]]:
@@ -230,9 +237,7 @@ def s2o_reference(
         segment then walk order), ``pass2_tiles_max`` ``[n_query_tiles]`` and ``pass1_tiles``.
     """
     B, Hq, L, D = q.shape
-    if topk_ratio is not None and tau > 0:
-        raise ValueError(f"topk_ratio={topk_ratio!r} walks without early stop: tau must be <= 0, "
-                         f"got tau={tau!r}")  # fmt: skip
+    refuse_topk_with_early_stop(topk_ratio, tau)
     group = Hq // k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q_idx, kv_idx = (

@@ -84,6 +84,15 @@ def check_topk_ratio(topk_ratio) -> float | None:
     return float(topk_ratio)
 
 
+def refuse_topk_with_early_stop(topk_ratio, tau) -> None:
+    """The top-k mode walks a fixed share of each ranked prefix with no early stop, so it is
+    refused with ``tau > 0``, naming both values."""
+    if topk_ratio is not None and tau > 0:
+        raise ValueError(
+            f"topk_ratio={topk_ratio!r} walks without early stop: tau must be <= 0, got tau={tau!r}"
+        )
+
+
 def topk_walk_tiles(ranked_tiles: int, topk_ratio: float) -> int:
     """Key tiles S2O's top-k mode walks of a ranked prefix of ``ranked_tiles`` tiles:
     ``ceil(topk_ratio * ranked_tiles)``, with the ratio read as the shortest decimal that prints

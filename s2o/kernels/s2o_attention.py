@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..stats import s2o_walk_tiles
+from ..stats import refuse_topk_with_early_stop, s2o_walk_tiles
 from .launch import Launch, check_head_dim, resolve_launch
 from .tma import kernel_kv_args
 
@@ -533,9 +533,7 @@ def _walk_keys(L, segment_len, local_window, block_n, walk_budget, topk_ratio, c
     ``topk_ratio`` is None). Refuses ``tau > 0``: the top-k mode has no early stop."""
     if topk_ratio is None:
         return None
-    if tau > 0:
-        raise ValueError(f"topk_ratio={topk_ratio!r} walks without early stop: tau must be <= 0, "
-                         f"got tau={tau!r}")  # fmt: skip
+    refuse_topk_with_early_stop(topk_ratio, tau)
     return _walk_keys_table(L, segment_len, local_window, block_n, walk_budget, float(topk_ratio),
                             bool(causal), device)  # fmt: skip
 
