@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from eval import models
 from s2o.hf import sparse_prefill
+from s2o.methods.full import check_backend_usable
 
 from .common import ConfigError, JobContext, WandbLogger
 
@@ -138,6 +139,15 @@ def evaluate(resolved: dict) -> dict:
             f"reference, where e2e.lengths up to {max(Ls)} would take hours: run it on a GPU, or "
             f"give e2e.lengths of at most {CPU_MAX_LEN} tokens here (or dry_run=true)"
         )
+    probe = torch.empty(1, 1, 1, 8, device=device)
+    for backend in e2e["dense"]:
+        try:  # before the model loads: a dense backend this device has no kernel for
+            check_backend_usable(backend, probe, probe, probe)
+        except ValueError as exc:
+            raise ConfigError(
+                f"e2e.dense={list(e2e['dense'])} on {device.type}: {exc}; on the CPU give "
+                f"e2e.dense=[flash] or [math]"
+            ) from None
     model, tok = models.load(model_cfg, device, seed=resolved["seed"])
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if tok is None:

@@ -110,3 +110,12 @@ def test_e2e_on_a_cpu_refuses_long_prefills_before_loading(tmp_path):
     rec = run_inprocess(["kind=e2e", "model=gemma3_270m", "device=cpu"], tmp_path)
     assert rec["status"] == "error" and "e2e.lengths of at most 4096" in rec["error"]
     assert rec["elapsed_s"] < 5, "the model was loaded before the lengths were checked"
+
+
+def test_e2e_on_a_cpu_refuses_a_cuda_only_dense_backend_before_loading(tmp_path):
+    rec = run_inprocess(
+        ["kind=e2e", "model=gemma3_270m", "device=cpu", "e2e.lengths=[512]"], tmp_path
+    )  # the default e2e.dense is [flash, cudnn]
+    assert rec["status"] == "error" and "backend='cudnn' needs CUDA tensors" in rec["error"]
+    assert "e2e.dense=[flash] or [math]" in rec["error"]
+    assert rec["elapsed_s"] < 5, "the model was loaded before the backends were checked"
