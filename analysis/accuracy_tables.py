@@ -61,24 +61,40 @@ def find(root: Path) -> list[Path]:
             if json.loads(p.read_text()).get("status") == "ok"]  # fmt: skip
 
 
+def knobs(rec: dict) -> dict:
+    """The record's knobs as they took effect: S2O's ``q_perm: null`` is true for the two-pass
+    variant and false for the fused one (``conf/method/s2o.yaml``), so a default run and a sweep
+    point that names the same value get the same label."""
+    k = dict(rec["metrics"]["knobs"])
+    if rec["method"] == "s2o" and k.get("q_perm") is None and "variant" in k:
+        k["q_perm"] = k["variant"] == "two_pass"
+    return k
+
+
 def labels(recs: list[dict]) -> None:
     """``_label``: the method, plus the knobs that differ between that method's records;
     ``_series``: the same without the method's main knob (a sweep of it is one figure series)."""
     by_method = defaultdict(list)
     for r in recs:
+        r["_knobs"] = knobs(r)
         by_method[r["method"]].append(r)
     for method, rs in by_method.items():
-        keys = sorted({k for r in rs for k in r["metrics"]["knobs"]})
-        vary = [k for k in keys if len({json.dumps(r["metrics"]["knobs"].get(k)) for r in rs}) > 1]
+        keys = sorted({k for r in rs for k in r["_knobs"]})
+        vary = [k for k in keys if len({json.dumps(r["_knobs"].get(k)) for r in rs}) > 1]
         for r in rs:
-            knobs = " ".join(f"{k}={r['metrics']['knobs'].get(k)}" for k in vary)
-            r["_label"] = f"{method} {knobs}".strip()
-            rest = " ".join(f"{k}={r['metrics']['knobs'].get(k)}" for k in vary
+            text = " ".join(f"{k}={r['_knobs'].get(k)}" for k in vary)
+            r["_label"] = f"{method} {text}".strip()
+            rest = " ".join(f"{k}={r['_knobs'].get(k)}" for k in vary
                             if k != MAIN_KNOB.get(method))  # fmt: skip
             r["_series"] = f"{method} {rest}".strip()
-        if len({r["_label"] for r in rs}) < len(rs):  # same knobs, other code or data
-            for r in rs:
-                r["_label"] += f" [{r['id'][:8]}]"
+        same = defaultdict(list)
+        for r in rs:
+            same[r["_label"]].append(r)
+        for twins in same.values():  # same knobs, other code or data, in one cell: tell apart
+            held = [{(s["task"], s["length"]) for s in r["_samples"].values()} for r in twins]
+            if any(a & b for i, a in enumerate(held) for b in held[i + 1 :]):
+                for r in twins:
+                    r["_label"] += f" [{r['id'][:8]}]"
 
 
 def cell_keys(recs: list[dict]) -> list[tuple]:
@@ -100,10 +116,11 @@ def row(rec: dict, task: str, length, ref: dict | None) -> dict | None:
         return None
     ci = score_interval([s["score"] for s in lines.values()])
     dens = [s["density"] for s in lines.values() if s["density"] is not None]
+    errs = [s["rel_mse"] for s in lines.values() if s.get("rel_mse") is not None]
     out = {"label": rec["_label"], "method": rec["method"], "n": ci["n"],
            "acc": 100 * ci["mean"], "lo": 100 * ci["lo"], "hi": 100 * ci["hi"],
            "density": sum(dens) / len(dens) if dens else None, "cmp": None,
-           "ref": rec is ref}  # fmt: skip
+           "rel_mse": sum(errs) / len(errs) if errs else None, "ref": rec is ref}  # fmt: skip
     if ref is not None and ref is not rec:
         ref_lines = cell(ref, task, length)
         ids = sorted(set(lines) & set(ref_lines))
@@ -129,36 +146,51 @@ def _cmp_text(c: dict | None) -> list[str]:
     return [diff, test, "not significant" if c["p_value"] >= ALPHA else "significant"]
 
 
-def tables(recs: list[dict]) -> str:
-    """Markdown tables of one benchmark and model (every record of ``recs``)."""
+def tables(recs: list[dict], only: set[str] | None = None) -> str:
+    """Markdown tables of one benchmark and model (every record of ``recs``); ``only``: the
+    tasks to show (``"all"`` is the pooled cell), every one when None."""
     bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
     paper = paper_numbers()["accuracy"].get(bench, {})
     random = recs[0]["config"]["model"].get("weights") == "random"
     theirs = None if random else paper.get("models", {}).get(model)
     fulls = sorted((r for r in recs if r["method"] == "full"),
                    key=lambda r: r["environment"]["time"], reverse=True)  # fmt: skip
-    ref = fulls[0] if fulls else None
     out = [f"## {bench}, {model} ({recs[0]['metrics']['model']})", ""]
     papers = ", ".join(PAPER_MODELS.values())
     out.append(f"Paper's numbers: {paper['cite']}." if theirs else
                f"The model or its weights differ from the paper's ({papers}): no paper numbers "
                "beside ours.")  # fmt: skip
-    out.append(f"Paired comparisons against `{ref['_label']}` ({ref['_path']}) on shared sample "
-               f"ids; not significant: p >= {ALPHA}." if ref else "No `full` record: no paired "
-               "comparisons.")  # fmt: skip
-    head = ["method", "acc % [95% CI]", "density", "sparsity", "n", "vs full (pts)",
+    out.append(f"Paired comparisons against the newest `full` record holding the cell, on shared "
+               f"sample ids; not significant: p >= {ALPHA}. rel. MSE: each sparse layer's output "
+               "error against dense attention on the same Q/K/V, divided by the dense output's "
+               "mean square, averaged over layers and samples (`benchmark.measure_error=true`)."
+               if fulls else "No `full` record: no paired comparisons.")  # fmt: skip
+    head = ["method", "acc % [95% CI]", "density", "sparsity", "rel. MSE", "n", "vs full (pts)",
             "paired test", "at 0.05"]  # fmt: skip
     head += ["paper acc %", "paper sparsity"] if theirs else []
     for task, length in cell_keys(recs):
-        rows = [x for r in recs if (x := row(r, task, length, ref)) is not None]
+        if only is not None and task not in only:
+            continue
+        held = recs
+        note = []
+        if task == "all":  # pool only records that hold every task of this length
+            tasks = {t for r in recs for t, n in _tasks(r) if n == length}
+            held = [r for r in recs if {t for t, n in _tasks(r) if n == length} == tasks]
+            note = [f"Pooled over {', '.join(sorted(tasks))}; {len(recs) - len(held)} records "
+                    "that hold fewer of these tasks are in the per-task tables only.", ""]
+        ref = next((r for r in fulls if r in held and cell(r, task, length)), None)
+        rows = [x for r in held if (x := row(r, task, length, ref)) is not None]
+        if not rows:
+            continue
         rows.sort(key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"]))
         small = " (n < 50)" if any(x["n"] < 50 for x in rows) else ""
-        out += ["", f"### {task}, length {_f(length, 'd')}{small}", "",
+        out += ["", f"### {task}, length {_f(length, 'd')}{small}", "", *note,
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
         for x in rows:
             d = x["density"]
             cols = [x["label"], f"{x['acc']:.1f} [{x['lo']:.1f}, {x['hi']:.1f}]", _f(d, ".3f"),
-                    _f(None if d is None else 1 - d, ".3f"), str(x["n"]),
+                    _f(None if d is None else 1 - d, ".3f"), _f(x["rel_mse"], ".2e"),
+                    str(x["n"]),
                     *(["(reference)", "", ""] if x["ref"] else _cmp_text(x["cmp"]))]  # fmt: skip
             if theirs:
                 key = task if length is None else f"{task}@{length}"
@@ -166,6 +198,20 @@ def tables(recs: list[dict]) -> str:
                 cols += [_f(p and p[0], ".1f"), _f(p and p[1], ".3f")]
             out.append("| " + " | ".join(cols) + " |")
     return "\n".join(out) + "\n"
+
+
+def groups(recs: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Records by (benchmark, model name), labelled (``labels``) within each group."""
+    out = defaultdict(list)
+    for rec in recs:
+        out[(rec["metrics"]["benchmark"], rec["config"]["model"]["name"])].append(rec)
+    for rs in out.values():
+        labels(rs)
+    return dict(sorted(out.items()))
+
+
+def _tasks(rec: dict) -> set[tuple]:
+    return {(s["task"], s["length"]) for s in rec["_samples"].values()}
 
 
 def _rank(method: str) -> int:
@@ -233,13 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     paths = list(args.records) + (find(args.root) if args.root else [])
     if not paths:
         raise SystemExit("no records: give record paths or --root results/accuracy/<bench>/<model>")
-    groups = defaultdict(list)
-    for rec in map(load, paths):
-        groups[(rec["metrics"]["benchmark"], rec["config"]["model"]["name"])].append(rec)
-    if len(groups) > 1 and (args.out or args.fig):
-        raise SystemExit(f"--out/--fig take one benchmark and model, got {sorted(groups)}")
-    for (bench, model), recs in sorted(groups.items()):
-        labels(recs)
+    by = groups([load(p) for p in paths])
+    if len(by) > 1 and (args.out or args.fig):
+        raise SystemExit(f"--out/--fig take one benchmark and model, got {sorted(by)}")
+    for (bench, model), recs in by.items():
         text, md = tables(recs), args.out or SCRATCH / f"accuracy_{bench}_{model}.md"
         if str(md) == "-":
             print(text)

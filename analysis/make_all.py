@@ -435,10 +435,20 @@ def accuracy(ctx: Ctx) -> Section:
     paths = (ctx.manifest.get("records") or {}).get("accuracy") or []
     found = [ctx.results / p for p in paths if (ctx.results / p).is_file()]
     if found:
-        recs = [accuracy_tables.load(p) for p in found]
-        sec.body += [accuracy_tables.tables(recs), ""]
-        accuracy_tables.figure(recs, ctx.out / "accuracy_vs_density.png")
-        sec.files.append("accuracy_vs_density.png")
+        by = accuracy_tables.groups([accuracy_tables.load(p) for p in found])
+        sec.body.append(
+            "Per benchmark and model: the cell pooled over its tasks per length here, every task's "
+            "table in the file named under it, and accuracy against density (one series per "
+            "method and setting of its other knobs, the points its main knob's values)."
+        )
+        for (bench, model), recs in by.items():
+            stem = f"accuracy_{bench}_{model}"
+            (ctx.out / f"{stem}.md").write_text(accuracy_tables.tables(recs))
+            accuracy_tables.figure(recs, ctx.out / f"{stem}.png")
+            sec.files += [f"{stem}.md", f"{stem}.png"]
+            pooled = accuracy_tables.tables(recs, only={"all"}).replace("## ", "### ", 1)
+            sec.body += ["", pooled.replace("\n### all,", "\n#### all,"),
+                         f"Every task: [`{stem}.md`]({stem}.md).", ""]  # fmt: skip
         sec.sources += [f"`results/{p}`" for p in paths]
     else:
         sec.missing_line(

@@ -23,9 +23,9 @@ CLOSE = [0] * 2 + [1] * 8 + [1] + [0] * 9
 
 
 def write(root, method: str, knobs: dict, scores: list, density: float, model="gemma3_270m",
-          length=1024, vt=None, time="2026-11-23T10:00:00+00:00"):  # fmt: skip
+          length=1024, vt=None, time="2026-11-23T10:00:00+00:00", rel_mse=None):  # fmt: skip
     """A record + samples.jsonl as experiments/accuracy.py writes them (its own helpers)."""
-    rid = hashlib.sha1(json.dumps([method, knobs]).encode()).hexdigest()[:16]
+    rid = hashlib.sha1(json.dumps([method, knobs, length]).encode()).hexdigest()[:16]
     folder = root / "accuracy" / "ruler" / model / method / rid
     folder.mkdir(parents=True)
     lines = []
@@ -34,7 +34,8 @@ def write(root, method: str, knobs: dict, scores: list, density: float, model="g
             line = {"id": f"ruler/{task}/{length}/42/{i}", "task": task, "length": length,
                     "prompt_tokens": length - 30, "new_tokens": 5, "prediction": "x",
                     "density": density, "density_per_layer": [density], "prefill_ms": 1.0,
-                    "decode_ms": 2.0, "estimate_ms": 0.1, "gold": ["x"], "score": s}  # fmt: skip
+                    "decode_ms": 2.0, "estimate_ms": 0.1, "gold": ["x"], "score": s,
+                    **({} if rel_mse is None else {"rel_mse": rel_mse[i % len(rel_mse)]})}  # fmt: skip
             append_line(folder / "samples.jsonl", line)
             lines.append(line)
     metrics = {"benchmark": "ruler", "model": f"{model} weights", "method": method,
@@ -72,17 +73,17 @@ def test_table_rows_and_paired_comparisons(root, tmp_path):
     assert "differ from the paper's" in text
     rows = _rows(text, "### niah_single_1, length 1024 (n < 50)")
     assert list(rows) == ["full", "s2o tau=0.1", "s2o tau=0.01"], rows  # density descending
-    assert rows["full"][1:5] == ["50.0 [29.9, 70.1]", "1.000", "0.000", "20"], rows["full"]
-    assert rows["full"][5:] == ["(reference)", "", ""]
+    assert rows["full"][1:6] == ["50.0 [29.9, 70.1]", "1.000", "0.000", "-", "20"], rows["full"]
+    assert rows["full"][6:] == ["(reference)", "", ""]
     p_lossy = 2 / 2**7
-    assert rows["s2o tau=0.01"][5:] == [
+    assert rows["s2o tau=0.01"][6:] == [
         "-35.0 (n=20)", f"McNemar 0/7, p={p_lossy:.3g}", "significant"]  # fmt: skip
-    assert rows["s2o tau=0.1"][5:] == ["-5.0 (n=20)", "McNemar 1/2, p=1", "not significant"]
+    assert rows["s2o tau=0.1"][6:] == ["-5.0 (n=20)", "McNemar 1/2, p=1", "not significant"]
     vt = _rows(text, "### vt, length 1024")
-    assert vt["s2o tau=0.1"][6].startswith("bootstrap ["), vt
-    assert vt["s2o tau=0.1"][5] == "-12.5 (n=20)"
+    assert vt["s2o tau=0.1"][7].startswith("bootstrap ["), vt
+    assert vt["s2o tau=0.1"][6] == "-12.5 (n=20)"
     pooled = _rows(text, "### all, length 1024")
-    assert pooled["full"][4] == "40", pooled
+    assert pooled["full"][5] == "40", pooled
 
 
 def test_mcnemar_p_on_the_constructed_table(root):
@@ -119,3 +120,40 @@ def test_figure_is_deterministic(root, tmp_path):
     a, b = at.figure(recs, tmp_path / "a.png"), at.figure(recs, tmp_path / "b.png")
     assert a.stat().st_size > 5000
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_each_cell_is_compared_with_the_full_record_that_holds_it(tmp_path):
+    """Two full records at two lengths (the newer at 8K): the 1K cell's comparison is against the
+    1K full record, not '-' for want of shared ids with the newest one."""
+    write(tmp_path, "full", {}, FULL, 1.0, length=1024, time="2026-11-23T10:00:00+00:00")
+    write(tmp_path, "full", {}, FULL, 1.0, length=8192, time="2026-11-23T11:00:00+00:00")
+    write(tmp_path, "s2o", {"tau": 0.01}, LOSSY, 0.2, length=1024)
+    text = at.tables(list(at.groups([at.load(p) for p in at.find(tmp_path)]).values())[0])
+    assert _rows(text, "### niah_single_1, length 1024")["s2o"][6] == "-35.0 (n=20)"
+    assert _rows(text, "### niah_single_1, length 8192")["full"][6] == "(reference)"
+
+
+def test_s2o_default_q_perm_is_labelled_as_it_took_effect(tmp_path):
+    """q_perm: null runs two-pass with Q_perm: the default run and a sweep point naming
+    q_perm=true share a label, and q_perm=false stands apart; rel. MSE is the samples' mean."""
+    base = {"tau": 0.005, "variant": "two_pass"}
+    write(tmp_path, "s2o", {**base, "q_perm": None}, FULL, 0.3, rel_mse=[1e-3, 3e-3])
+    write(tmp_path, "s2o", {**base, "q_perm": False}, FULL, 0.35, rel_mse=[4e-4])
+    recs = list(at.groups([at.load(p) for p in at.find(tmp_path)]).values())[0]
+    assert sorted(r["_label"] for r in recs) == ["s2o q_perm=False", "s2o q_perm=True"]
+    rows = _rows(at.tables(recs), "### niah_single_1, length 1024")
+    assert rows["s2o q_perm=True"][4] == "2.00e-03" and rows["s2o q_perm=False"][4] == "4.00e-04"
+    assert rows["s2o q_perm=True"][6] == "-"  # no full record: nothing to compare with
+
+
+def test_pooled_cell_holds_only_records_with_every_task(root, tmp_path):
+    """A sweep point run on niah_single_1 alone is left out of the pooled cell (its mean would
+    be over other tasks than the full record's), and the table says so."""
+    write(tmp_path / "x", "s2o", {"tau": 0.5, "segment_len": 512}, FULL, 0.1)  # no vt lines
+    recs = [at.load(p) for p in at.find(root)] + [at.load(p) for p in at.find(tmp_path / "x")]
+    at.labels(recs)
+    text = at.tables(recs)
+    pooled = _rows(text, "### all, length 1024")
+    assert "s2o tau=0.5" not in pooled and "s2o tau=0.1" in pooled, pooled
+    assert "Pooled over niah_single_1, vt; 1 records" in text
+    assert "s2o tau=0.5" in _rows(text, "### niah_single_1, length 1024")
