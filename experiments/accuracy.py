@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -109,6 +110,22 @@ def score(bench: str, sample: dict, prediction: str) -> tuple[float, dict]:
         return ib.score(sample["task"], prediction, sample["gold"]), {}
     judged = lb.judge(prediction, sample["gold"])
     return float(judged["judge"]), {"pred": judged["pred"]}
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def stop_strings(values) -> list[str]:
+    """``benchmark.stop`` as generation uses it. A Hydra override keeps ``\\n`` as two characters
+    (``'benchmark.stop=["\\n"]'``): the escapes ``\\n``, ``\\t``, ``\\r`` and ``\\\\`` are
+    decoded here, so the stop string that a user typed is the one that stops generation, instead
+    of one that never occurs. Empty strings are refused."""
+    out = []
+    for v in list(values or []):
+        if not isinstance(v, str) or not v:
+            raise ConfigError(f"benchmark.stop: {v!r} is not a non-empty string")
+        out.append(re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], v))
+    return out
 
 
 # ---------------------------------------------------------------- samples file, resumable
@@ -255,7 +272,7 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     todo = [s for s in samples if s["id"] not in done]
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     method, knobs = resolved["method_name"], dict(resolved["method"])
-    stop = list(bench.get("stop") or [])
+    stop = stop_strings(bench.get("stop"))
     bar = tqdm(todo, desc=f"{bench['name']} {method}", disable=not resolved["progress"])
     t0, total = time.perf_counter(), 0.0
     measure = bool(bench.get("measure_error", False))
@@ -284,7 +301,7 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
         "benchmark": bench["name"], "model": models.describe(model_cfg), "method": method,
         "knobs": knobs, "n_samples": len(lines), "resumed": len(samples) - len(todo),
         "samples_file": str(samples_file), "cells": cells(lines),
-        "template": "chat" if model_cfg.get("chat") else "base",
+        "template": "chat" if model_cfg.get("chat") else "base", "stop": stop,
     }  # fmt: skip
     if bench["name"] == "longbench_v2":
         out["longbench_v2"] = lb.aggregate(

@@ -162,3 +162,17 @@ def test_longbench_v2_cot_runs_the_answer_turn(tmp_path, model_and_tokenizer, mo
     line = _lines(tmp_path / "cot.jsonl")[0]
     assert line["cot_response"] == "hmm" and line["score"] == 1.0 and line["pred"] == "B"
     assert m["n_samples"] == 1
+
+
+def test_stop_strings_decode_the_escapes_a_hydra_override_keeps():
+    """`'benchmark.stop=["\\n"]'` reaches the config as backslash + n (Hydra keeps escapes): the
+    job must stop on a newline, not on a two-character string that never occurs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    typed = OverridesParser.create().parse_overrides(['benchmark.stop=["\\n"]'])[0].value()
+    assert typed == ["\\n"]
+    assert accuracy.stop_strings(typed) == ["\n"]
+    assert accuracy.stop_strings(["a\\tb", "x\\\\n", "Answer:"]) == ["a\tb", "x\\n", "Answer:"]
+    assert accuracy.stop_strings(None) == []
+    with pytest.raises(accuracy.ConfigError, match="benchmark.stop: ''"):
+        accuracy.stop_strings([""])
