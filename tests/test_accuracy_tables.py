@@ -35,7 +35,8 @@ def write(root, method: str, knobs: dict, scores: list, density: float, model="g
                     "prompt_tokens": length - 30, "new_tokens": 5, "prediction": "x",
                     "density": density, "density_per_layer": [density], "prefill_ms": 1.0,
                     "decode_ms": 2.0, "estimate_ms": 0.1, "gold": ["x"], "score": s,
-                    **({} if rel_mse is None else {"rel_mse": rel_mse[i % len(rel_mse)]})}  # fmt: skip
+                    **({} if rel_mse is None else {"rel_mse": rel_mse[i % len(rel_mse)]}),
+                    }  # fmt: skip
             append_line(folder / "samples.jsonl", line)
             lines.append(line)
     metrics = {"benchmark": "ruler", "model": f"{model} weights", "method": method,
