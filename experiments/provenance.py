@@ -102,9 +102,33 @@ def gpu_driver() -> str | None:
     return lines[0].strip() if out.returncode == 0 and lines else None
 
 
+def gpu_processes(device) -> int | None:
+    """How many compute processes use ``device``'s GPU now, this one included (``nvidia-smi``,
+    matched by GPU UUID, so ``CUDA_VISIBLE_DEVICES`` remapping does not matter). More than 1: the
+    GPU was shared when the record was written, and the record's times may be too. None where it
+    cannot be told (no nvidia-smi, or a container whose nvidia-smi lists no process)."""
+    import torch
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError, RuntimeError, AttributeError):
+        return None
+    if out.returncode != 0:
+        return None
+    mine = [ln for ln in out.stdout.splitlines() if ln.split(",")[0].strip().endswith(uuid)]
+    return len(mine) or None
+
+
 def environment(device, git_rev: str | None) -> dict:
     """The ``environment`` block of every record (harness runs and benchmarks): the device and
-    its model, driver, torch / Triton / CUDA / transformers versions, git revision, host, time."""
+    its model, driver, torch / Triton / CUDA / transformers versions, git revision, host, time,
+    and on a GPU how many processes shared it (:func:`gpu_processes`)."""
     import torch
 
     device = torch.device(device)
@@ -116,6 +140,7 @@ def environment(device, git_rev: str | None) -> dict:
         "device": str(device),
         "device_name": name,
         "driver": gpu_driver() if device.type == "cuda" else None,
+        "gpu_processes": gpu_processes(device) if device.type == "cuda" else None,
         "torch": torch.__version__,
         "triton": _triton_version(),
         "cuda": torch.version.cuda,

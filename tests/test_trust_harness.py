@@ -220,3 +220,27 @@ def test_bad_command_lines_end_in_one_line_naming_the_key(args, needle, tmp_path
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert lines[-1].startswith("error: ") and needle in lines[-1], proc.stderr[-2000:]
+
+
+def test_gpu_processes_counts_the_processes_on_this_gpu(monkeypatch):
+    """The environment block says how many processes shared the GPU (matched by UUID): 2 here,
+    of 3 listed on two GPUs; None when nvidia-smi lists none (a container) or is missing."""
+    import types
+
+    import torch
+
+    from experiments import provenance
+
+    me = "5f2c0a3e-1111-2222-3333-444455556666"
+    listing = (f"GPU-{me}, 101\nGPU-aaaaaaaa-0000-0000-0000-000000000000, 102\n"
+               f"GPU-{me}, 103\n")  # fmt: skip
+    monkeypatch.setattr(provenance.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    props = types.SimpleNamespace(uuid=me)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    ran = types.SimpleNamespace(returncode=0, stdout=listing)
+    monkeypatch.setattr(provenance.subprocess, "run", lambda *a, **k: ran)
+    assert provenance.gpu_processes(0) == 2
+    ran.stdout = ""
+    assert provenance.gpu_processes(0) is None
+    monkeypatch.setattr(provenance.shutil, "which", lambda name: None)
+    assert provenance.gpu_processes(0) is None
