@@ -173,6 +173,48 @@ def data_fingerprint(resolved: dict) -> str | None:
     return None
 
 
+def _folder_identity(path: Path) -> str:
+    """Names, sizes and modification times of a folder's files (recursive; cheap for a 16 GB
+    checkpoint, and it changes when a file is replaced)."""
+    files = sorted(f for f in path.rglob("*") if f.is_file())
+    return _hash([[str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
+                  for f in files])  # fmt: skip
+
+
+def _path_identity(value: str, key: str) -> str:
+    p = Path(str(value))
+    if p.is_dir():
+        return _folder_identity(p)
+    return file_sha256(str(p), key)
+
+
+def model_fingerprint(resolved: dict) -> str | None:
+    """What the config does not say about the model's weights: the GGUF file's content under
+    ``model.path`` (its pinned package when there is no path), a local checkpoint folder's file
+    names, sizes and times; None for random weights (the config is the model) or a hub id."""
+    mc = resolved.get("model") or {}
+    if not mc or mc.get("weights") == "random":
+        return None
+    path = mc.get("path")
+    if mc.get("source") == "gguf":
+        if not path:
+            return str(mc.get("package"))
+        return file_sha256(str(Path(str(path)) / mc["gguf_file"]), "model.path")
+    if path and Path(str(path)).is_dir():
+        return _folder_identity(Path(str(path)))
+    return None
+
+
+def benchmark_fingerprint(resolved: dict) -> str | None:
+    """The content of the data files a benchmark reads (``benchmark.data``: SQuAD, HotpotQA,
+    InfiniteBench's folder, LongBench v2's data.json, an essay folder), so that a file replaced
+    at the same path never resumes the old run's samples."""
+    data = ((resolved.get("benchmark") or {}).get("data")) or {}
+    got = {k: _path_identity(v, f"benchmark.data.{k}") for k, v in sorted(data.items())
+           if isinstance(v, str) and v and Path(v).exists()}  # fmt: skip
+    return _hash(got) if got else None
+
+
 def config_id(resolved: dict, drop: tuple[str, ...], device_name: str | None = None) -> str:
     """Hash of the config without ``drop`` keys, the device as type + model (no index)."""
     kept = {k: v for k, v in resolved.items() if k not in drop}
@@ -181,9 +223,10 @@ def config_id(resolved: dict, drop: tuple[str, ...], device_name: str | None = N
 
 
 def run_identity(resolved: dict, drop: tuple[str, ...]) -> dict:
-    """A run's identity: its config (``config_id``), the code revision and the data content.
+    """A run's identity: its config (``config_id``), the code revision, the data content, and
+    where the run reads them, the model's weights and the benchmark's data files.
 
-    ``id`` hashes all three: a record made by other code or from other data has another id, so it
+    ``id`` hashes them all: a record made by other code or from other data has another id, so it
     is never skipped for silently (``reuse_stale=true`` reuses it, marked stale).
     """
     out = {
@@ -192,7 +235,14 @@ def run_identity(resolved: dict, drop: tuple[str, ...]) -> dict:
         "data": data_fingerprint(resolved),
         "device_model": device_model(resolved["device"])[1],
     }
-    out["id"] = _hash([out["config_id"], out["code"], out["data"]])
+    inputs = [out["config_id"], out["code"], out["data"]]
+    extra = (("model", model_fingerprint), ("benchmark_data", benchmark_fingerprint))
+    for key, fingerprint in extra:
+        value = fingerprint(resolved)
+        if value is not None:  # absent otherwise: the ids of runs without them stay as they were
+            out[key] = value
+            inputs.append([key, value])
+    out["id"] = _hash(inputs)
     return out
 
 

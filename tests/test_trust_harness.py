@@ -244,3 +244,44 @@ def test_gpu_processes_counts_the_processes_on_this_gpu(monkeypatch):
     assert provenance.gpu_processes(0) is None
     monkeypatch.setattr(provenance.shutil, "which", lambda name: None)
     assert provenance.gpu_processes(0) is None
+
+
+def _identity(res: dict) -> dict:
+    return common.run_identity(res, common.NOT_ACCURACY_IDENTITY)
+
+
+def test_weights_replaced_at_the_same_path_give_another_run_id(tmp_path):
+    """kind=accuracy resumes its samples by run id: new weights at the same model.path (a GGUF
+    file, or a checkpoint folder) must not resume the old weights' samples."""
+    res = resolved(TINY, tmp_path / "r")
+    gg = tmp_path / "g"
+    gg.mkdir()
+    (gg / "m.gguf").write_bytes(b"weights v1")
+    res["model"] = {"name": "m", "source": "gguf", "path": str(gg), "gguf_file": "m.gguf",
+                    "weights": "pretrained"}  # fmt: skip
+    first = _identity(res)
+    assert first["model"] and first["id"] == _identity(res)["id"]
+    (gg / "m.gguf").write_bytes(b"weights v2, longer")
+    assert _identity(res)["id"] != first["id"]
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"a")
+    res["model"] = {"name": "m", "source": "hub", "path": str(ckpt), "weights": "pretrained"}
+    before = _identity(res)["id"]
+    (ckpt / "model.safetensors").write_bytes(b"bb")
+    assert _identity(res)["id"] != before
+    res["model"] = {"name": "m", "source": "gguf", "package": "pkg==1.0", "gguf_file": "m.gguf",
+                    "path": None, "weights": "pretrained"}  # fmt: skip
+    assert _identity(res)["model"] == "pkg==1.0"
+
+
+def test_a_benchmark_file_replaced_at_the_same_path_gives_another_run_id(tmp_path):
+    res = resolved(TINY, tmp_path / "r")
+    data = tmp_path / "data.json"
+    data.write_text('[{"_id": "a"}]')
+    plain = _identity(res)
+    assert "benchmark_data" not in plain and "model" not in plain  # ids of such runs unchanged
+    res["benchmark"] = {"name": "longbench_v2", "data": {"path": str(data)}}
+    first = _identity(res)["id"]
+    data.write_text('[{"_id": "b2"}]')
+    assert _identity(res)["id"] != first
