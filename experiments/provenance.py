@@ -141,6 +141,10 @@ def environment(device, git_rev: str | None) -> dict:
         "device_name": name,
         "driver": gpu_driver() if device.type == "cuda" else None,
         "gpu_processes": gpu_processes(device) if device.type == "cuda" else None,
+        # set by hydra/launcher=node_gpus: how many of its workers shared this GPU
+        "jobs_per_gpu": int(os.environ["S2O_JOBS_PER_GPU"])
+        if os.environ.get("S2O_JOBS_PER_GPU")
+        else None,
         "torch": torch.__version__,
         "triton": _triton_version(),
         "cuda": torch.version.cuda,

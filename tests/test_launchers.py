@@ -281,3 +281,30 @@ def test_in_process_sweep_with_failed_points_exits_1(tmp_path):
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "failed points (2 of 2): tau=0.005; tau=0.02" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_jobs_per_gpu_must_be_a_positive_int():
+    assert NodeGpusLauncher(jobs_per_gpu=3).jobs_per_gpu == 3
+    for bad in (0, -1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match=f"jobs_per_gpu={bad!r} must be an integer >= 1"):
+            NodeGpusLauncher(jobs_per_gpu=bad)
+
+
+def test_node_gpus_jobs_per_gpu_runs_that_many_at_once_on_each_gpu(tmp_path):
+    """jobs_per_gpu=2 on two GPUs: two workers per GPU, each pinned to it; jobs overlap on one GPU
+    (never more than two at once), and the ledger says how many shared it."""
+    paths = _app(tmp_path)
+    args = ["n=0,1,2,3,4,5,6,7", "sleep=1.0", "hydra.launcher.jobs_per_gpu=2"]
+    proc = _sweep(tmp_path, "3,5", args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 at a time (sharing it" in proc.stdout + proc.stderr, proc.stdout[-2000:]
+    jobs, seen = _ledger(paths["sweep"]), _seen(paths["seen"])
+    assert [j["status"] for j in jobs] == ["ok"] * 8 and {j["jobs_per_gpu"] for j in jobs} == {2}
+    for gpu in ("3", "5"):
+        mine = [j for j in jobs if j["gpu"] == gpu]
+        assert len({j["pid"] for j in mine}) == 2, mine  # two reused workers on this GPU
+        assert all(seen[j["num"]]["cuda_visible_devices"] == gpu for j in mine)
+        assert any(_overlap(a, b) for i, a in enumerate(mine) for b in mine[i + 1 :]), mine
+        for a in mine:  # at most two at once: no job overlaps two others that overlap each other
+            over = [b for b in mine if b is not a and _overlap(a, b)]
+            assert not any(_overlap(b, c) for i, b in enumerate(over) for c in over[i + 1 :]), mine

@@ -1,5 +1,11 @@
-"""Every GPU of one node (``hydra/launcher=node_gpus``): one job per GPU at a time, each GPU served
-by its own worker process pinned to it through ``CUDA_VISIBLE_DEVICES``.
+"""Every GPU of one node (``hydra/launcher=node_gpus``): one job per GPU at a time (or
+``jobs_per_gpu`` at a time), each GPU served by its own worker process(es) pinned to it through
+``CUDA_VISIBLE_DEVICES``.
+
+``jobs_per_gpu=k`` starts k workers per GPU. They run k jobs on it at once, for work that leaves a
+GPU mostly idle (a small model's batch-1 decoding in an accuracy sweep). Their times are shared,
+so it is not for latency measurements: each worker gets ``S2O_JOBS_PER_GPU=k``, which records
+write in their ``environment`` block, beside ``gpu_processes``.
 
 The launcher starts one worker per GPU, a Python process whose ``CUDA_VISIBLE_DEVICES`` names that
 GPU alone (set before it imports anything), so its jobs see one device (``cuda:0``, what
@@ -63,6 +69,8 @@ log = logging.getLogger(__name__)
 
 # the launcher's pid, given to its workers: a worker whose parent is already gone exits at once
 _PARENT_ENV = "S2O_NODE_GPUS_LAUNCHER_PID"
+# how many workers share each GPU, given to them (records write it in their environment block)
+JOBS_PER_GPU_ENV = "S2O_JOBS_PER_GPU"
 
 
 def pick_gpus(
@@ -121,8 +129,8 @@ class _Worker:
     """The launcher's side of one GPU: its worker process (None between two processes), the job
     it runs (None when idle) and how many jobs the process was handed."""
 
-    def __init__(self, gpu: str) -> None:
-        self.gpu = gpu
+    def __init__(self, gpu: str, share: int = 1) -> None:
+        self.gpu, self.share = gpu, share
         self.proc: subprocess.Popen | None = None
         self.pid = 0
         self.served = 0
@@ -133,7 +141,8 @@ class _Worker:
 
     def spawn(self) -> None:
         """A new worker process that sees this GPU alone, in its own process group."""
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.gpu, **{_PARENT_ENV: str(os.getpid())})
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.gpu)
+        env.update({_PARENT_ENV: str(os.getpid()), JOBS_PER_GPU_ENV: str(self.share)})
         # The worker imports what this process imports (the task function's modules) from the
         # same places, wherever the sweep was started from.
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
@@ -204,9 +213,13 @@ class NodeGpusLauncher(Launcher):
         gpus: Sequence[int] | str | None = None,
         reuse_workers: bool = True,
         poll_s: float = 0.2,
+        jobs_per_gpu: int = 1,
     ) -> None:
         if not isinstance(reuse_workers, bool):
             raise ValueError(f"node_gpus: reuse_workers={reuse_workers!r} must be true or false")
+        if isinstance(jobs_per_gpu, bool) or not isinstance(jobs_per_gpu, int) or jobs_per_gpu < 1:
+            raise ValueError(f"node_gpus: jobs_per_gpu={jobs_per_gpu!r} must be an integer >= 1")
+        self.jobs_per_gpu = jobs_per_gpu
         self.gpus = None if gpus is None else (gpus if isinstance(gpus, str) else list(gpus))
         self.reuse_workers = reuse_workers
         self.poll_s = poll_s
@@ -228,9 +241,11 @@ class NodeGpusLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         (sweep_dir / ".node_gpus").mkdir(parents=True, exist_ok=True)
         gpus = pick_gpus(self.gpus, os.environ, _cuda_count)
-        how = "one worker process per GPU" if self.reuse_workers else "one process per job"
+        k = self.jobs_per_gpu
+        how = "reused worker processes" if self.reuse_workers else "one process per job"
+        at_once = "one at a time" if k == 1 else f"{k} at a time (sharing it: times are not clean)"
         log.info(
-            f"node_gpus: {len(job_overrides)} jobs, one at a time on each of the GPUs "
+            f"node_gpus: {len(job_overrides)} jobs, {at_once} on each of the GPUs "
             f"{gpus} (CUDA_VISIBLE_DEVICES values), {how}"
         )
         jobs = [
@@ -263,7 +278,8 @@ class NodeGpusLauncher(Launcher):
 
     def _run(self, jobs: list[_Job], gpus: list[str], ledger: Path) -> list[JobReturn]:
         """Hand each job to the first free GPU's worker; collect every job's return, in order."""
-        pending, workers = deque(jobs), [_Worker(gpu) for gpu in gpus]
+        k = self.jobs_per_gpu  # slot by slot, so the first jobs spread over the GPUs
+        pending, workers = deque(jobs), [_Worker(gpu, k) for _ in range(k) for gpu in gpus]
         rets: dict[int, JobReturn] = {}
         sel = selectors.DefaultSelector()
         # SIGTERM (timeout, kill) ends the sweep through the finally below, workers included
@@ -347,6 +363,7 @@ def _collect(w: _Worker, code: int | None, ledger: Path) -> JobReturn:
         "num": job.num,
         "overrides": job.overrides,
         "gpu": w.gpu,
+        "jobs_per_gpu": w.share,
         "gpu_seen_by_job": (result or {}).get("cuda_visible_devices"),
         "pid": w.pid,
         "worker_job": w.served,
