@@ -176,8 +176,11 @@ def tables(recs: list[dict], only: set[str] | None = None) -> str:
         if task == "all":  # pool only records that hold every task of this length
             tasks = {t for r in recs for t, n in _tasks(r) if n == length}
             held = [r for r in recs if {t for t, n in _tasks(r) if n == length} == tasks]
-            note = [f"Pooled over {', '.join(sorted(tasks))}; {len(recs) - len(held)} records "
-                    "that hold fewer of these tasks are in the per-task tables only.", ""]
+            note = [
+                f"Pooled over {', '.join(sorted(tasks))}; {len(recs) - len(held)} records "
+                "that hold fewer of these tasks are in the per-task tables only.",
+                "",
+            ]
         ref = next((r for r in fulls if r in held and cell(r, task, length)), None)
         rows = [x for r in held if (x := row(r, task, length, ref)) is not None]
         if not rows:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.records import device_label
+
 ABCD = ("A", "B", "C", "D", "D_discard")
 
 
@@ -41,7 +43,7 @@ def machine(rec: dict) -> dict:
     """``{"gpu", "git", "date"}`` of any benchmark record."""
     if rec.get("kind") == "benchmark":
         env = rec["environment"]
-        return {"gpu": env["device_name"], "git": env["git_revision"], "date": env["time"]}
+        return {"gpu": device_label(env), "git": env["git_revision"], "date": env["time"]}
     env = rec.get("env") or rec.get("environment")
     if not env or "gpu" not in env:
         raise SchemaError("no environment in the record (neither `environment` nor `env`)")

@@ -20,6 +20,7 @@ import math
 import pandas as pd
 
 from analysis.plotting import save, setup
+from analysis.records import device_label
 from analysis.sections import Section
 from analysis.tables import markdown
 from eval.calibrate import BOUNDS
@@ -281,7 +282,7 @@ def section(ctx) -> Section:
     for key, r in recs.items():
         env = r["environment"]
         sec.sources.append(
-            f"`{r['_path']}` ({INPUTS[key]}, {env['device_name']}, git {env['git_revision'][:7]})"
+            f"`{r['_path']}` ({INPUTS[key]}, {device_label(env)}, git {env['git_revision'][:7]})"
         )
     sec.files.append(plot(recs, ctx.out / "calibration_check.png"))
     seed_paths = (ctx.manifest.get("records") or {}).get("calibration_calibrated_seeds") or {}
@@ -291,7 +292,7 @@ def section(ctx) -> Section:
         if rec is None or rec.get("status") != "ok" or "real" not in recs:
             continue
         env = rec["environment"]
-        sec.sources.append(f"`{path}` (calibrated synthetic, {name}, {env['device_name']}, "
+        sec.sources.append(f"`{path}` (calibrated synthetic, {name}, {device_label(env)}, "
                            f"git {env['git_revision'][:7]})")  # fmt: skip
         seeds[name] = compare({"real": recs["real"], "calibrated": rec})[1]
     df, close = compare(recs)
@@ -340,7 +341,7 @@ def section(ctx) -> Section:
             env = r["environment"]
             sec.sources.append(
                 f"`{ctx.record(f'calibration_real_by_layer.{k}')[1]}` (real capture, {k} only, "
-                f"{env['device_name']}, git {env['git_revision'][:7]})"
+                f"{device_label(env)}, git {env['git_revision'][:7]})"
             )
         sec.body += [
             "The real capture layer by layer (the same check on one layer at a time, "

@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from analysis.records import device_label
+
 COLUMNS = (
     ("config", "label", None), ("L", "L", None), ("density", "density", ".3f"),
     ("estimate ms", "estimate_ms", ".1f"), ("sparse attn ms", "sparse_attention_ms", ".1f"),
@@ -33,7 +35,7 @@ def table(rec: dict, path: str) -> str:
     """A markdown table of one e2e record, with a line naming its source and environment."""
     env, m = rec["environment"], rec["metrics"]
     lines = [
-        f"`{path}`: {m['model']}, {m['text']}, {m['dtype']}, {env['device_name']}, torch "
+        f"`{path}`: {m['model']}, {m['text']}, {m['dtype']}, {device_label(env)}, torch "
         f"{env['torch']}, Triton {env['triton']}, git {str(env['git_revision'])[:7]}",
         "",
         "| " + " | ".join(c[0] for c in COLUMNS) + " |",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.plotting import save, setup
+from analysis.records import device_label
 from analysis.sections import Section
 from analysis.tables import markdown
 
@@ -52,7 +53,7 @@ def view(rec: dict) -> tuple[dict, dict]:
     if rec.get("benchmark") != "fig5_bsa":
         raise ValueError(f"not a fig5_bsa benchmark record (benchmark {rec.get('benchmark')!r})")
     e, cfg = rec["environment"], rec["config"]
-    device = e["device_name"] + (", TRITON_INTERPRET=1 smoke run" if cfg["smoke"] else "")
+    device = device_label(e) + (", TRITON_INTERPRET=1 smoke run" if cfg["smoke"] else "")
     env = {"device": device, "driver": e["driver"], "torch": e["torch"], "triton": e["triton"],
            "git_rev": e["git_revision"], "command": rec["command"]}  # fmt: skip
     return env, {**cfg, **cfg["shape"]}

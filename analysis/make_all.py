@@ -32,7 +32,7 @@ from analysis import (
     plot_mse_vs_sparsity,
 )
 from analysis.plotting import save, setup
-from analysis.records import HERE, MANIFEST, paper_numbers
+from analysis.records import HERE, MANIFEST, device_label, paper_numbers
 from analysis.sections import Section
 from analysis.tables import markdown
 
@@ -129,7 +129,7 @@ def fig1(ctx: Ctx) -> Section:
     ax.invert_yaxis()
     ax.set_xlim(0, max(left) * 1.45)
     ax.set_xlabel("prefill time (s)")
-    ax.set_title(f"{_model(rec)}, L={L}, {rec['environment']['device_name']}", fontsize=8)
+    ax.set_title(f"{_model(rec)}, L={L}, {device_label(rec['environment'])}", fontsize=8)
     ax.legend(fontsize=7, loc="upper right")
     sec.files.append(save(fig, ctx.out / "fig1_speedup_128k.png"))
     cols = {
@@ -159,7 +159,7 @@ def fig1(ctx: Ctx) -> Section:
         "dense reference output per layer).",
     ]
     sec.sources.append(
-        f"`{path}` ({rec['environment']['device_name']}, git "
+        f"`{path}` ({device_label(rec['environment'])}, git "
         f"{rec['environment']['git_revision'][:7]})"
     )
     return sec
@@ -209,11 +209,11 @@ def fig4c(ctx: Ctx) -> Section:
             ax.bar(x, rest, width, bottom=attn, color=color, alpha=0.35, label=f"{short}: rest")
         ax.set_xticks(range(len(lengths)), [f"{int(v) // 1024}K" for v in lengths])
         ax.set_ylabel("prefill time / SDPA flash prefill time")
-        ax.set_title(f"{_model(rec, model)}, {rec['environment']['device_name']}", fontsize=8)
+        ax.set_title(f"{_model(rec, model)}, {device_label(rec['environment'])}", fontsize=8)
         ax.set_ylim(0, top * 1.6)
         ax.legend(fontsize=6, ncol=2, loc="upper left")
         sec.sources.append(
-            f"`{path}` ({rec['environment']['device_name']}, git "
+            f"`{path}` ({device_label(rec['environment'])}, git "
             f"{rec['environment']['git_revision'][:7]})"
         )
     sec.files.append(save(fig, ctx.out / "fig4c_e2e_breakdown.png"))
@@ -303,7 +303,7 @@ def fig4a(ctx: Ctx) -> Section:
         "(ratio ~1). The calibration check below measures the same on real captured attention.",
     ]
     sec.sources.append(
-        f"`{_rel(rec['_path'])}` ({rec['environment']['device_name']}, git "
+        f"`{_rel(rec['_path'])}` ({device_label(rec['environment'])}, git "
         f"{rec['environment']['git_revision'][:7]}, L={cfg['data']['L']})"
     )
     return sec
@@ -348,7 +348,7 @@ def fig4b(ctx: Ctx) -> Section:
         )
         env = rec["environment"]
         sec.sources.append(
-            f"`{path}` ({env['device_name']}, git {env['git_revision'][:7]}, {_data(rec)})"
+            f"`{path}` ({device_label(env)}, git {env['git_revision'][:7]}, {_data(rec)})"
         )
     df = pd.DataFrame(rows)
     plt = setup()
@@ -374,7 +374,7 @@ def fig4b(ctx: Ctx) -> Section:
     rec0 = found["s2o"][0]
     ax.set_ylabel(f"ms, one layer, L={rec0['config']['data']['L']}")
     ax.set_ylim(0, df["total ms"].max() * 1.35)
-    ax.set_title(f"{_data(rec0)}, {rec0['environment']['device_name']}", fontsize=7)
+    ax.set_title(f"{_data(rec0)}, {device_label(rec0['environment'])}", fontsize=7)
     ax.legend(fontsize=6, loc="upper right")
     sec.files.append(save(fig, ctx.out / "fig4b_attention_speedup.png"))
     fmt = {

@@ -70,12 +70,25 @@ def stale_points(rec: dict) -> list[str]:
     return [p["label"] for p in rec["metrics"].get("points", []) if p.get("stale")]
 
 
+def device_label(env: dict) -> str:
+    """The record's device, and whether it shared the GPU while it ran: another process on it
+    (``gpu_processes`` > 1) or a launcher running several jobs on it (``jobs_per_gpu`` > 1), in
+    which case its times are not clean."""
+    shared = []
+    if (env.get("gpu_processes") or 0) > 1:
+        shared.append(f"{env['gpu_processes']} processes on the GPU")
+    if (env.get("jobs_per_gpu") or 0) > 1:
+        shared.append(f"{env['jobs_per_gpu']} jobs per GPU")
+    name = env["device_name"]
+    return f"{name} (SHARED: {', '.join(shared)}; times not clean)" if shared else name
+
+
 def describe(rec: dict) -> str:
     env, cfg = rec["environment"], rec["config"]
     data = cfg["data"]
     src = data["source"] + (f" {cfg['model']['path']}" if data["source"] == "model" else "")
     text = (
-        f"{rec['_path']}: {src}, L={data['L']}, device {env['device_name']}, dtype {cfg['dtype']}, "
+        f"{rec['_path']}: {src}, L={data['L']}, device {device_label(env)}, dtype {cfg['dtype']}, "
         f"git {env['git_revision'][:10]}, {env['time']}"
     )
     if rec.get("stale"):

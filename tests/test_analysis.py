@@ -99,3 +99,16 @@ def test_stale_points_are_marked_in_tables(results, tmp_path):
     assert "STALE points" in text and label in text
     rec["_path"] = str(target)
     assert "STALE" in describe(rec)
+
+
+def test_device_label_flags_a_shared_gpu():
+    """A record whose GPU was shared (another process on it, or several launcher jobs) says so
+    wherever analysis names its device: its times are not clean."""
+    from analysis.records import device_label
+
+    env = {"device_name": "NVIDIA H100 80GB HBM3", "gpu_processes": 1, "jobs_per_gpu": None}
+    assert device_label(env) == "NVIDIA H100 80GB HBM3"
+    assert device_label({"device_name": "cpu"}) == "cpu"  # older records: no such keys
+    shared = device_label({**env, "gpu_processes": 4, "jobs_per_gpu": 4})
+    assert shared.startswith("NVIDIA H100 80GB HBM3 (SHARED: 4 processes on the GPU, 4 jobs")
+    assert "times not clean" in shared
