@@ -270,6 +270,83 @@ def figure(recs: list[dict], out: Path) -> Path:
     return out
 
 
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None under 3 points or a constant."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    a, b = ranks(xs), ranks(ys)
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    va, vb = sum((x - ma) ** 2 for x in a), sum((y - mb) ** 2 for y in b)
+    return None if va == 0 or vb == 0 else cov / (va * vb) ** 0.5
+
+
+def error_figure(recs: list[dict], out: Path) -> Path | None:
+    """Accuracy against operator error (mean relative MSE of the sparse layers, log scale) per
+    (task, length), every sparse record one point coloured by method, the ``full`` accuracy a
+    line; each panel gives Spearman's rho between error and accuracy over its points. None when
+    no record measured its error (``benchmark.measure_error=true``)."""
+    keys = [k for k in cell_keys(recs) if k[0] != "all"]
+    pts = {k: [(r, x) for r in recs if r["method"] != "full"
+               and (x := row(r, *k, None)) and x["rel_mse"]] for k in keys}  # fmt: skip
+    keys = [k for k in keys if pts[k]]
+    if not keys:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ncol = min(4, len(keys))
+    nrow = -(-len(keys) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 3.0 * nrow), squeeze=False)
+    methods = sorted({r["method"] for r in recs if r["method"] != "full"}, key=_rank)
+    handles = {}
+    for ax, key in zip(axes.flat, keys):
+        for r, x in pts[key]:
+            c = f"C{ORDER.index(r['method']) if r['method'] in ORDER else len(ORDER)}"
+            handles[r["method"]] = ax.scatter(x["rel_mse"], x["acc"], s=16, color=c)
+        full = [x for r in recs if r["method"] == "full" and (x := row(r, *key, None))]
+        if full:
+            handles["full"] = ax.axhline(full[0]["acc"], color="C0", lw=1, ls="--")
+        rho = spearman([x["rel_mse"] for _, x in pts[key]], [x["acc"] for _, x in pts[key]])
+        rho_text = "-" if rho is None else f"{rho:+.2f}"
+        ax.set_title(f"{key[0]}, {_f(key[1], 'd')}: rho={rho_text} ({len(pts[key])} pts)",
+                     fontsize=9)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlabel("rel. MSE (sparse layers, mean)")
+        ax.set_ylabel("accuracy %")
+        ax.set_ylim(-4, 104)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(keys) :]:
+        ax.axis("off")
+    order = [m for m in ("full", *methods) if m in handles]
+    fig.legend([handles[m] for m in order], order, loc="center left", bbox_to_anchor=(1, 0.5),
+               fontsize=8)  # fmt: skip
+    bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
+    fig.suptitle(f"{bench}, {model}: accuracy vs operator error (each point a method setting)",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("records", nargs="*", type=Path)
@@ -293,7 +370,9 @@ def main(argv: list[str] | None = None) -> None:
             md.parent.mkdir(parents=True, exist_ok=True)
             md.write_text(text)
             print(md)
-        print(figure(recs, args.fig or SCRATCH / f"accuracy_{bench}_{model}.png"))
+        fig = args.fig or SCRATCH / f"accuracy_{bench}_{model}.png"
+        print(figure(recs, fig))
+        print(error_figure(recs, fig.with_name(fig.stem + "_vs_error.png")))
 
 
 if __name__ == "__main__":

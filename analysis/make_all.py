@@ -438,14 +438,18 @@ def accuracy(ctx: Ctx) -> Section:
         by = accuracy_tables.groups([accuracy_tables.load(p) for p in found])
         sec.body.append(
             "Per benchmark and model: the cell pooled over its tasks per length here, every task's "
-            "table in the file named under it, and accuracy against density (one series per "
-            "method and setting of its other knobs, the points its main knob's values)."
+            "table in the file named under it, accuracy against density (one series per "
+            "method and setting of its other knobs, the points its main knob's values), and "
+            "accuracy against operator error (rel. MSE), with Spearman's rho per task: how far "
+            "a lower MSE means a higher accuracy on these samples."
         )
         for (bench, model), recs in by.items():
             stem = f"accuracy_{bench}_{model}"
             (ctx.out / f"{stem}.md").write_text(accuracy_tables.tables(recs))
             accuracy_tables.figure(recs, ctx.out / f"{stem}.png")
             sec.files += [f"{stem}.md", f"{stem}.png"]
+            if accuracy_tables.error_figure(recs, ctx.out / f"{stem}_vs_error.png"):
+                sec.files.append(f"{stem}_vs_error.png")
             pooled = accuracy_tables.tables(recs, only={"all"}).replace("## ", "### ", 1)
             sec.body += ["", pooled.replace("\n### all,", "\n#### all,"),
                          f"Every task: [`{stem}.md`]({stem}.md).", ""]  # fmt: skip

@@ -158,3 +158,24 @@ def test_pooled_cell_holds_only_records_with_every_task(root, tmp_path):
     assert "s2o tau=0.5" not in pooled and "s2o tau=0.1" in pooled, pooled
     assert "Pooled over niah_single_1, vt; 1 records" in text
     assert "s2o tau=0.5" in _rows(text, "### niah_single_1, length 1024")
+
+
+def test_spearman_hand_computed():
+    assert at.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert at.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ranks x: 0,1,2,3; y (ties averaged): 0.5,0.5,2,3 -> cov 4.5, var 5 and 4.5
+    assert at.spearman([1, 2, 3, 4], [5, 5, 6, 7]) == pytest.approx(4.5 / (5 * 4.5) ** 0.5)
+    assert at.spearman([1, 2], [1, 2]) is None and at.spearman([1, 2, 3], [1, 1, 1]) is None
+
+
+def test_error_figure_needs_measured_error(root, tmp_path):
+    recs = [at.load(p) for p in at.find(root)]
+    at.labels(recs)
+    assert at.error_figure(recs, tmp_path / "e.png") is None  # no rel_mse in these samples
+    write(tmp_path / "x", "s2o", {"tau": 0.2}, LOSSY, 0.3, rel_mse=[1e-3])
+    write(tmp_path / "x", "s2o", {"tau": 0.3}, CLOSE, 0.2, rel_mse=[2e-3])
+    more = recs + [at.load(p) for p in at.find(tmp_path / "x")]
+    at.labels(more)
+    a = at.error_figure(more, tmp_path / "a.png")
+    assert a is not None and a.stat().st_size > 5000
+    assert a.read_bytes() == at.error_figure(more, tmp_path / "b.png").read_bytes()
