@@ -590,8 +590,12 @@ def render(sections: list[Section]) -> str:
     for s in sections:
         parts += [f'<a id="{s.slug}"></a>', f"## {s.title}", "", f"Paper: {s.paper}.", ""]
         parts += [f"![{f}]({f})\n" for f in s.files if f.endswith(".png")]
-        if s.sources:
-            parts += ["Source records:", ""] + [f"- {x}" for x in s.sources] + [""]
+        listed = [f"- {x}" for x in s.sources]
+        if len(listed) > 12:  # a long list (the accuracy records) folds away
+            parts += [f"<details><summary>Source records ({len(listed)})</summary>", "", *listed,
+                      "", "</details>", ""]  # fmt: skip
+        elif listed:
+            parts += ["Source records:", "", *listed, ""]
         parts += s.body + [""] if s.body else []
         parts += [f"{m}\n" for m in s.missing]
     parts.append(GPU_RUNS.read_text())
