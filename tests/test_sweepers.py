@@ -3,8 +3,11 @@ built on it (every job of each composes; the job lists are the ones their tables
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
-from harness_util import compose, run_cli
+from harness_util import compose, run_cli, run_inprocess
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hydra_plugins.s2o_sweepers.points import PointsSweeper, expand
@@ -76,3 +79,18 @@ def test_one_command_runs_every_point(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Launching 4 jobs" in proc.stdout + proc.stderr
     assert len(list((tmp_path / "runs").rglob("record.json"))) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None or os.environ.get("S2O_NO_REAL_MODEL") == "1",
+    reason="needs the realmodel extra (gguf)",
+)
+def test_accuracy_experiment_dry_run_scores_one_real_sample(tmp_path):
+    """`python run.py experiment=accuracy_smollm2_ruler_4k dry_run=true`: its tiny block, one
+    sample of niah_single_1 at 1K through the real SmolLM2 (from PyPI) on the CPU."""
+    rec = run_inprocess(["experiment=accuracy_smollm2_ruler_4k", "dry_run=true"], tmp_path)
+    assert rec["status"] == "ok", rec.get("error")
+    cells = rec["metrics"]["cells"]
+    assert [(c["task"], c["length"], c["n"]) for c in cells] == [("niah_single_1", 1024, 1)]
+    assert cells[0]["rel_mse"] is not None  # the file measures each layer's error
