@@ -39,7 +39,16 @@ class PointsSweeper(BasicSweeper):
         params: dict[str, str] | None = None,
         points: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(max_batch_size, params)
+        # BasicSweeper.__init__ calls super(BasicSweeper, self), which fails once Hydra's plugin
+        # scan has re-imported its module (another class object of the same name): its state
+        # is set here instead
+        self.overrides = None
+        self.batch_index = 0
+        self.max_batch_size = max_batch_size
+        self.params = dict(params or {})
+        self.hydra_context = None
+        self.config = None
+        self.launcher = None
         points = list(points or [])
         bad = [p for p in points if not isinstance(p, str) or not p.strip()]
         if bad:
