@@ -436,6 +436,20 @@ def accuracy(ctx: Ctx) -> Section:
     found = [ctx.results / p for p in paths if (ctx.results / p).is_file()]
     if found:
         by = accuracy_tables.groups([accuracy_tables.load(p) for p in found])
+        recs_all = [r for rs in by.values() for r in rs]
+        models = sorted({r["config"]["model"]["name"] for r in recs_all})
+        devices = sorted({device_label(r["environment"]) for r in recs_all})
+        ns = [c["n"] for r in recs_all for c in r["metrics"]["cells"]]
+        others = [m for m in models if m not in accuracy_tables.PAPER_MODELS]
+        if others:
+            sec.body.append(
+                f"**Differs:** models {', '.join(others)}, not the paper's "
+                f"{' and '.join(accuracy_tables.PAPER_MODELS.values())}: their accuracies say how "
+                "the methods behave inside these models, not what the paper's models do. "
+                f"{min(ns)} to {max(ns)} samples per task and length. "
+                f"Measured on {'; '.join(devices)}."
+            )
+            sec.body.append("")
         sec.body.append(
             "Per benchmark and model: the cell pooled over its tasks per length here, every task's "
             "table in the file named under it, accuracy against density (one series per "
