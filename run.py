@@ -14,6 +14,7 @@ docs/harness.md.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -97,6 +98,22 @@ def _merge_existing(node: DictConfig, values: dict, explicit: set[str], prefix: 
             node[key] = value
 
 
+def warn_shared_gpu(resolved: dict) -> None:
+    """A timed kind on a GPU that ``node_gpus`` shares between jobs (``jobs_per_gpu`` > 1): its
+    times are not clean. Say so up front (the record's ``environment`` says it too)."""
+    k = os.environ.get("S2O_JOBS_PER_GPU")
+    timed = resolved["kind"] == "e2e" or (
+        resolved["kind"] in ("operator", "sweep", "matched") and resolved["timing"]["enabled"]
+    )
+    if k and k.isdigit() and int(k) > 1 and timed:
+        print(
+            f"warning: {k} jobs share this GPU (hydra.launcher.jobs_per_gpu={k}): the times of "
+            f"this kind={resolved['kind']} run are not clean, and analysis marks its records so; "
+            "keep jobs_per_gpu=1 for latency",
+            file=sys.stderr,
+        )
+
+
 def warn_unread_keys(overrides: list[str]) -> None:
     """``+key=value`` adds a key the config does not have: no code reads it (a misspelt key)."""
     for o in overrides:
@@ -124,6 +141,7 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
             "made by different code are told apart",
             file=sys.stderr,
         )
+    warn_shared_gpu(resolved)
     is_point = resolved["kind"] == "operator"
     if is_point:
         path = point_record_path(resolved)

@@ -308,3 +308,19 @@ def test_node_gpus_jobs_per_gpu_runs_that_many_at_once_on_each_gpu(tmp_path):
         for a in mine:  # at most two at once: no job overlaps two others that overlap each other
             over = [b for b in mine if b is not a and _overlap(a, b)]
             assert not any(_overlap(b, c) for i, b in enumerate(over) for c in over[i + 1 :]), mine
+
+
+def test_a_timed_run_on_a_shared_gpu_warns(monkeypatch, capsys):
+    """A node_gpus worker with jobs_per_gpu > 1 warns that a timed kind's times are shared; an
+    accuracy run (whose point is not its times) and an unshared GPU do not."""
+    import run
+
+    timed = {"kind": "operator", "timing": {"enabled": True}}
+    monkeypatch.setenv("S2O_JOBS_PER_GPU", "4")
+    run.warn_shared_gpu(timed)
+    assert "4 jobs share this GPU" in capsys.readouterr().err
+    run.warn_shared_gpu({"kind": "accuracy", "timing": {"enabled": True}})
+    run.warn_shared_gpu({"kind": "operator", "timing": {"enabled": False}})
+    monkeypatch.setenv("S2O_JOBS_PER_GPU", "1")
+    run.warn_shared_gpu(timed)
+    assert capsys.readouterr().err == ""
