@@ -117,10 +117,12 @@ def row(rec: dict, task: str, length, ref: dict | None) -> dict | None:
     ci = score_interval([s["score"] for s in lines.values()])
     dens = [s["density"] for s in lines.values() if s["density"] is not None]
     errs = [s["rel_mse"] for s in lines.values() if s.get("rel_mse") is not None]
+    times = [s["prefill_ms"] for s in lines.values() if s.get("prefill_ms") is not None]
     out = {"label": rec["_label"], "method": rec["method"], "n": ci["n"],
            "acc": 100 * ci["mean"], "lo": 100 * ci["lo"], "hi": 100 * ci["hi"],
            "density": sum(dens) / len(dens) if dens else None, "cmp": None,
-           "rel_mse": sum(errs) / len(errs) if errs else None, "ref": rec is ref}  # fmt: skip
+           "rel_mse": sum(errs) / len(errs) if errs else None,
+           "prefill_ms": sum(times) / len(times) if times else None, "ref": rec is ref}  # fmt: skip
     if ref is not None and ref is not rec:
         ref_lines = cell(ref, task, length)
         ids = sorted(set(lines) & set(ref_lines))
@@ -165,8 +167,14 @@ def tables(recs: list[dict], only: set[str] | None = None) -> str:
                "error against dense attention on the same Q/K/V, divided by the dense output's "
                "mean square, averaged over layers and samples (`benchmark.measure_error=true`)."
                if fulls else "No `full` record: no paired comparisons.")  # fmt: skip
-    head = ["method", "acc % [95% CI]", "density", "sparsity", "rel. MSE", "n", "vs full (pts)",
-            "paired test", "at 0.05"]  # fmt: skip
+    timed = all(unshared_gpu(r["environment"]) for r in recs)
+    if timed:
+        out.append("prefill ms: the mean time of a sample's prefill (the method's attention in "
+                   "every layer, the rest dense; decoding excluded), on a GPU no other process "
+                   "shared.")  # fmt: skip
+    head = ["method", "acc % [95% CI]", "density", "sparsity", "rel. MSE",
+            *(["prefill ms"] if timed else []), "n", "vs full (pts)", "paired test",
+            "at 0.05"]  # fmt: skip
     head += ["paper acc %", "paper sparsity"] if theirs else []
     for task, length in cell_keys(recs):
         if only is not None and task not in only:
@@ -193,7 +201,7 @@ def tables(recs: list[dict], only: set[str] | None = None) -> str:
             d = x["density"]
             cols = [x["label"], f"{x['acc']:.1f} [{x['lo']:.1f}, {x['hi']:.1f}]", _f(d, ".3f"),
                     _f(None if d is None else 1 - d, ".3f"), _f(x["rel_mse"], ".2e"),
-                    str(x["n"]),
+                    *([_f(x["prefill_ms"], ".1f")] if timed else []), str(x["n"]),
                     *(["(reference)", "", ""] if x["ref"] else _cmp_text(x["cmp"]))]  # fmt: skip
             if theirs:
                 key = task if length is None else f"{task}@{length}"
@@ -201,6 +209,17 @@ def tables(recs: list[dict], only: set[str] | None = None) -> str:
                 cols += [_f(p and p[0], ".1f"), _f(p and p[1], ".3f")]
             out.append("| " + " | ".join(cols) + " |")
     return "\n".join(out) + "\n"
+
+
+def unshared_gpu(env: dict) -> bool:
+    """Whether a record's times are worth a column: a GPU run by code that records GPU sharing
+    (``gpu_processes``), with no sign of it (older records, and CPU runs, are left out)."""
+    return (
+        str(env.get("device", "")).startswith("cuda")
+        and "gpu_processes" in env
+        and (env.get("gpu_processes") or 1) <= 1
+        and (env.get("jobs_per_gpu") or 1) <= 1
+    )
 
 
 def groups(recs: list[dict]) -> dict[tuple[str, str], list[dict]]:

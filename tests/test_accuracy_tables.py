@@ -179,3 +179,22 @@ def test_error_figure_needs_measured_error(root, tmp_path):
     a = at.error_figure(more, tmp_path / "a.png")
     assert a is not None and a.stat().st_size > 5000
     assert a.read_bytes() == at.error_figure(more, tmp_path / "b.png").read_bytes()
+
+
+def test_prefill_time_column_only_for_unshared_gpu_records(root):
+    """The prefill-time column appears when every record ran on a GPU that no other process
+    shared (recorded since gpu_processes exists), never for CPU, older or shared records."""
+    recs = [at.load(p) for p in at.find(root)]
+    at.labels(recs)
+    assert "prefill ms" not in at.tables(recs)  # CPU records (no device: cuda)
+    for r in recs:
+        r["environment"].update(device="cuda:0", gpu_processes=1, jobs_per_gpu=None)
+    text = at.tables(recs)
+    assert "prefill ms" in text
+    assert _rows(text, "### niah_single_1, length 1024 (n < 50)")["full"][5] == "1.0"
+    recs[0]["environment"]["jobs_per_gpu"] = 4
+    assert "prefill ms" not in at.tables(recs)
+    recs[0]["environment"].update(jobs_per_gpu=None, gpu_processes=2)
+    assert "prefill ms" not in at.tables(recs)
+    del recs[0]["environment"]["gpu_processes"]  # an older record: sharing unknown
+    assert "prefill ms" not in at.tables(recs)
