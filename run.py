@@ -14,7 +14,6 @@ docs/harness.md.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from experiments.common import (
     reusable,
     run_identity,
 )
-from experiments.provenance import code_revision
+from experiments.provenance import code_revision, jobs_per_gpu
 
 KINDS = ("operator", "sweep", "matched", "e2e", "accuracy")
 
@@ -101,11 +100,11 @@ def _merge_existing(node: DictConfig, values: dict, explicit: set[str], prefix: 
 def warn_shared_gpu(resolved: dict) -> None:
     """A timed kind on a GPU that ``node_gpus`` shares between jobs (``jobs_per_gpu`` > 1): its
     times are not clean. Say so up front (the record's ``environment`` says it too)."""
-    k = os.environ.get("S2O_JOBS_PER_GPU")
+    k = jobs_per_gpu()
     timed = resolved["kind"] == "e2e" or (
         resolved["kind"] in ("operator", "sweep", "matched") and resolved["timing"]["enabled"]
     )
-    if k and k.isdigit() and int(k) > 1 and timed:
+    if k is not None and k > 1 and timed:
         print(
             f"warning: {k} jobs share this GPU (hydra.launcher.jobs_per_gpu={k}): the times of "
             f"this kind={resolved['kind']} run are not clean, and analysis marks its records so; "

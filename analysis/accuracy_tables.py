@@ -148,16 +148,17 @@ def _cmp_text(c: dict | None) -> list[str]:
     return [diff, test, "not significant" if c["p_value"] >= ALPHA else "significant"]
 
 
-def tables(recs: list[dict], only: set[str] | None = None) -> str:
+def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> str:
     """Markdown tables of one benchmark and model (every record of ``recs``); ``only``: the
-    tasks to show (``"all"`` is the pooled cell), every one when None."""
+    tasks to show (``"all"`` is the pooled cell), every one when None; ``level``: the heading
+    level of the model (its cells one below)."""
     bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
     paper = paper_numbers()["accuracy"].get(bench, {})
     random = recs[0]["config"]["model"].get("weights") == "random"
     theirs = None if random else paper.get("models", {}).get(model)
     fulls = sorted((r for r in recs if r["method"] == "full"),
                    key=lambda r: r["environment"]["time"], reverse=True)  # fmt: skip
-    out = [f"## {bench}, {model} ({recs[0]['metrics']['model']})", ""]
+    out = [f"{'#' * level} {bench}, {model} ({recs[0]['metrics']['model']})", ""]
     papers = ", ".join(PAPER_MODELS.values())
     out.append(f"Paper's numbers: {paper['cite']}." if theirs else
                f"The model or its weights differ from the paper's ({papers}): no paper numbers "
@@ -195,7 +196,7 @@ def tables(recs: list[dict], only: set[str] | None = None) -> str:
             continue
         rows.sort(key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"]))
         small = " (n < 50)" if any(x["n"] < 50 for x in rows) else ""
-        out += ["", f"### {task}, length {_f(length, 'd')}{small}", "", *note,
+        out += ["", f"{'#' * (level + 1)} {task}, length {_f(length, 'd')}{small}", "", *note,
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
         for x in rows:
             d = x["density"]
@@ -290,28 +291,14 @@ def figure(recs: list[dict], out: Path) -> Path:
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (average ranks for ties); None under 3 points or a constant."""
+    """Spearman's rank correlation (Pearson's on average ranks, ties shared); None under 3
+    points or for a constant series."""
+    import pandas as pd
+
     if len(xs) < 3:
         return None
-
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(v):
-            j = i
-            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    a, b = ranks(xs), ranks(ys)
-    ma, mb = sum(a) / len(a), sum(b) / len(b)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
-    va, vb = sum((x - ma) ** 2 for x in a), sum((y - mb) ** 2 for y in b)
-    return None if va == 0 or vb == 0 else cov / (va * vb) ** 0.5
+    rho = pd.Series(xs).rank().corr(pd.Series(ys).rank())
+    return None if pd.isna(rho) else float(rho)
 
 
 def error_figure(recs: list[dict], out: Path) -> Path | None:

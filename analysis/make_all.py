@@ -464,9 +464,8 @@ def accuracy(ctx: Ctx) -> Section:
             sec.files += [f"{stem}.md", f"{stem}.png"]
             if accuracy_tables.error_figure(recs, ctx.out / f"{stem}_vs_error.png"):
                 sec.files.append(f"{stem}_vs_error.png")
-            pooled = accuracy_tables.tables(recs, only={"all"}).replace("## ", "### ", 1)
-            sec.body += ["", pooled.replace("\n### all,", "\n#### all,"),
-                         f"Every task: [`{stem}.md`]({stem}.md).", ""]  # fmt: skip
+            pooled = accuracy_tables.tables(recs, only={"all"}, level=3)
+            sec.body += ["", pooled, f"Every task: [`{stem}.md`]({stem}.md).", ""]
         sec.sources += [f"`results/{p}`" for p in paths]
     else:
         sec.missing_line(

@@ -16,6 +16,14 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# set by hydra/launcher=node_gpus in its workers: how many of them share one GPU
+JOBS_PER_GPU_ENV = "S2O_JOBS_PER_GPU"
+
+
+def jobs_per_gpu() -> int | None:
+    """How many launcher jobs share this process's GPU (:data:`JOBS_PER_GPU_ENV`), else None."""
+    k = os.environ.get(JOBS_PER_GPU_ENV, "")
+    return int(k) if k.isdigit() else None
 
 
 def git_revision(explicit: str | None) -> str:
@@ -141,10 +149,7 @@ def environment(device, git_rev: str | None) -> dict:
         "device_name": name,
         "driver": gpu_driver() if device.type == "cuda" else None,
         "gpu_processes": gpu_processes(device) if device.type == "cuda" else None,
-        # set by hydra/launcher=node_gpus: how many of its workers shared this GPU
-        "jobs_per_gpu": int(os.environ["S2O_JOBS_PER_GPU"])
-        if os.environ.get("S2O_JOBS_PER_GPU")
-        else None,
+        "jobs_per_gpu": jobs_per_gpu(),
         "torch": torch.__version__,
         "triton": _triton_version(),
         "cuda": torch.version.cuda,

@@ -63,14 +63,14 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from experiments.provenance import JOBS_PER_GPU_ENV  # records write it in their environment
+
 from .report import failure, finish
 
 log = logging.getLogger(__name__)
 
 # the launcher's pid, given to its workers: a worker whose parent is already gone exits at once
 _PARENT_ENV = "S2O_NODE_GPUS_LAUNCHER_PID"
-# how many workers share each GPU, given to them (records write it in their environment block)
-JOBS_PER_GPU_ENV = "S2O_JOBS_PER_GPU"
 
 
 def pick_gpus(
