@@ -24,8 +24,18 @@ SMOKE_RUNS = {
     "abcd": [],
     "retrieval_latency": [],
     "bench_baselines": [],
-    # every optional part once: tuning, the stop-check sweep, the Step-1 breakdown, ABCD
-    "bench_s2o": ["--abcd", "--tune", "--sweep", "1", "--step1-breakdown", "1"],
+    # every optional part once: tuning, the stop-check sweep, the Step-1 breakdown, ABCD, the
+    # sub-tiled walk variants
+    "bench_s2o": [
+        "--abcd",
+        "--tune",
+        "--sweep",
+        "1",
+        "--step1-breakdown",
+        "1",
+        "--subtile-check",
+        "0,1,2",
+    ],
     "fig5_bsa": ["--lengths", "160", "--ratios", "0.5"],  # tests/test_fig5_bsa.py checks more
 }
 

@@ -6,6 +6,7 @@ tolerance is derived, not guessed: the kernel rounds the probabilities ``p`` to 
 before the ``P V`` product, so the yardstick is the error of exact attention rounded that way.
 """
 
+import functools
 import importlib
 import math
 
@@ -261,6 +262,7 @@ def _check_kernels(dtype, variant, q_perm, B, Hq, Hkv, L, D, W, gen, seg=SEG, bl
         gap_ref = _rel(ref_keep, ref_drop)
         assert gap_ref > 4 * tol, f"keep and discard references too close ({gap_ref:.2e})"
         assert _rel(keep, drop) > gap_ref / 2, "kernel keep/discard outputs do not differ"
+    return outs
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[6]], ids=["2pass-W", "fused-W", "fp32"])
@@ -415,6 +417,51 @@ def test_sub_tiled_walk_across_stop_chunks(gen):
                    launch=launch, stop_chunk=chunk)  # fmt: skip
     _check_kernels(torch.float16, "fused", False, 1, 2, 1, 320, 32, 0, gen, seg=64, block=32,
                    launch=launch, stop_chunk=chunk)  # fmt: skip
+
+
+SUBTILE_CASES = [
+    # dtype, variant, q_perm, B, Hq, Hkv, L, D, W, seg, block, sub_n, stop_chunk
+    (torch.float16, "two_pass", True, 1, 2, 1, 520, 256, 0, 128, 128, 64, None),  # the GPU's split
+    (torch.float16, "fused", False, 1, 2, 1, 500, 256, 0, 128, 128, 64, None),
+    (torch.float32, "two_pass", True, 1, 2, 1, 330, 32, 0, 64, 32, 16, (1, 0)),
+    (torch.float16, "fused", False, 1, 4, 2, 300, 32, 16, 64, 32, 16, (1, 1)),  # GQA 2
+]
+
+
+@pytest.mark.parametrize("check", [1, 2])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("case", SUBTILE_CASES, ids=lambda c: f"{c[1]}-D{c[7]}-sub{c[11]}")
+def test_subtile_check_variants_match(case, causal, check, monkeypatch):
+    """The lean "keep" walks over key sub-tiles (``subtile_check`` 1 and 2) against the current
+    one (0) and the reference, with the stop-rule control flow on at tau = 0 too: the same
+    decisions (visits) as the reference, and bit-identical outputs to ``subtile_check=0`` (the
+    state updates are the same operations; only the stop test is written differently)."""
+    import s2o.kernels as kernels
+    from s2o.kernels import s2o_attention
+
+    *shape, seg, block, sub_n, chunk = case
+    launch = {name: Launch(sub_n=sub_n) for name in ("pass1", "pass2", "fused")}
+    outs = {}
+    for c in (0, check):
+        for name in ("s2o_pass2", "s2o_fused"):
+            fn = functools.partial(getattr(s2o_attention, name), subtile_check=c, early_stop=True)
+            monkeypatch.setattr(kernels, name, fn)
+        gen = torch.Generator().manual_seed(1234)  # the same inputs for both
+        outs[c] = _check_kernels(*shape, gen, seg=seg, block=block, causal=causal, launch=launch,
+                                 stop_chunk=chunk)  # fmt: skip
+    for stop_tile in outs[0]:
+        assert torch.equal(outs[check][stop_tile][0], outs[0][stop_tile][0]), stop_tile
+
+
+def test_subtile_check_is_validated(gen):
+    from s2o.kernels import s2o_fused
+
+    q, k, v = _qkv(1, 2, 1, 40, 16, torch.float16, gen)
+    kvp = s2o_permutations(q, k, SEG, 0)[1]
+    for bad in (3, -1, True):
+        with pytest.raises(ValueError, match=f"subtile_check must be one of .*got {bad!r}"):
+            s2o_fused(q, k, v, kvp, segment_len=SEG, local_window=0, block_m=BLOCK,
+                      block_n=BLOCK, tau=0.0, subtile_check=bad)  # fmt: skip
 
 
 TOPK_CASES = [

@@ -57,6 +57,18 @@ LOG2E = 1.4426950408889634
 STOP_CHUNK = (2, 1)
 
 
+# implementations of the head_dim-256 "keep" walk (``SUB_N < BLOCK_N``), same decisions:
+# 0 = _keep_walk_sub_tiled, 1 and 2 = _keep_walk_sub_tiled_lean (its docstring). 0 stays the
+# default until a GPU A/B (benchmarks/bench_s2o.py --subtile-check) measures the others.
+SUBTILE_CHECKS = (0, 1, 2)
+
+
+def _subtile_check(subtile_check: int) -> int:
+    if isinstance(subtile_check, bool) or subtile_check not in SUBTILE_CHECKS:
+        raise ValueError(f"subtile_check must be one of {SUBTILE_CHECKS}, got {subtile_check!r}")
+    return int(subtile_check)
+
+
 def _stop_chunk(stop_chunk: tuple[int, int] | None) -> tuple[int, int]:
     n, grow = STOP_CHUNK if stop_chunk is None else (int(stop_chunk[0]), int(stop_chunk[1]))
     if n < 1 or grow < 0:
@@ -246,11 +258,60 @@ def _keep_walk_sub_tiled(
 
 
 @triton.jit
+def _keep_walk_sub_tiled_lean(
+    q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
+    go, visited, j0, n_chunk, BLOCK_N: tl.constexpr, SUB_N: tl.constexpr,
+    HEAD_D: tl.constexpr, GATHER: tl.constexpr, IEEE: tl.constexpr, CHECK: tl.constexpr,
+):  # fmt: skip
+    """:func:`_keep_walk_sub_tiled` with less per-sub-tile state (``SUBTILE_CHECK`` 1 and 2):
+    same tiles visited, same loop and loads. No gain accumulator ``g``: a tile's gain in the final
+    scale is ``l - l0`` (``l0``: the mass before the tile, rescaled by the tile's alphas), so the
+    rule is ``l - l0 >= tau * l0``; this rounds differently from summing ``g`` (a near-threshold
+    row could flip; at ``tau <= 0`` it always holds, as ``g >= 0`` does: ``l`` and ``l0`` start
+    equal and are scaled by the same alphas, and rounding is monotone). No row flags carried: the
+    tile's flags are reduced across rows once, at its last sub-tile, straight into ``go`` (after
+    the tile is counted), so the next tile sees the decision as in the deferred check.
+    CHECK=1: that reduction sits in an ``if`` on the last sub-tile (no cross-warp reduction and
+    barrier on the other sub-tiles; the ``if`` holds no dot). CHECK=2: branch-free, reduced at
+    every sub-tile and used at the last one (the register saving alone). Returns
+    ``(m, l, acc, go, visited)``; the chunk's last decision is already in ``go``."""
+    SPLIT: tl.constexpr = BLOCK_N // SUB_N
+    l0 = l_i
+    for c in range(0, n_chunk * SPLIT):
+        u = j0 * SPLIT + c  # sub-tile of the walk
+        k, v, col_ok = _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, u * SUB_N, P,
+                                     SUB_N, HEAD_D, GATHER)  # fmt: skip
+        last = (c % SPLIT) == SPLIT - 1
+        l0 = tl.where((c % SPLIT) == 0, l_i, l0)
+        lim = P * go.to(tl.int32)  # 0 for a dead tile: every column masked
+        s = _scores(q, k, qk_scale, u * SUB_N + tl.arange(0, SUB_N), lim, IEEE)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l0 = l0 * alpha
+        if IEEE:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        visited += (go & last).to(tl.int32)
+        if CHECK == 1:
+            if last:
+                go = go & (tl.max((((l_i - l0) >= tau * l0) & row_ok).to(tl.int32), 0) > 0)
+        else:
+            any_gain = tl.max((((l_i - l0) >= tau * l0) & row_ok).to(tl.int32), 0)
+            go = go & ((any_gain > 0) | (c % SPLIT != SPLIT - 1))
+    return m_i, l_i, acc, go, visited
+
+
+@triton.jit
 def _ranked_walk(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr,
+    SUBTILE_CHECK: tl.constexpr,
 ):  # fmt: skip
     """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits.
 
@@ -270,8 +331,11 @@ def _ranked_walk(
     Otherwise (``"discard"``) the tile's own flags decide, before ``P V``, whether it is added.
 
     ``SUB_N < BLOCK_N`` (head_dim 256) computes each tile in ``SUB_N``-key parts
-    (:func:`_sub_tiled_update`); the decisions are still per ``BLOCK_N`` tile. With ``"discard"``
-    a first sweep of ``q k^T`` decides and a second one adds the tile (one more ``q k^T``).
+    (:func:`_sub_tiled_update`); the decisions are still per ``BLOCK_N`` tile. There the
+    ``"keep"`` walk is :func:`_keep_walk_sub_tiled` (``SUBTILE_CHECK=0``) or
+    :func:`_keep_walk_sub_tiled_lean` (1, 2; same decisions, less per-sub-tile work).
+    With ``"discard"`` a first sweep of ``q k^T`` decides and a second one adds the tile (one
+    more ``q k^T``).
     """
     n_tiles = tl.cdiv(P, BLOCK_N)
     if EARLY_STOP:
@@ -320,6 +384,12 @@ def _ranked_walk(
                         l_i = l_old + gain
                         m_i = m_new
                         gains = row_gains
+            elif KEEP_STOP and SUBTILE_CHECK != 0:
+                m_i, l_i, acc, go, visited = _keep_walk_sub_tiled_lean(
+                    q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok,
+                    qk_scale, tau, go, visited, j0, tl.minimum(chunk, n_tiles - j0),
+                    BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, SUBTILE_CHECK,
+                )  # fmt: skip
             elif KEEP_STOP:
                 m_i, l_i, acc, go, gains, visited = _keep_walk_sub_tiled(
                     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok,
@@ -341,7 +411,7 @@ def _ranked_walk(
                         q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
                         lim, qk_scale, BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, True,
                     )  # fmt: skip
-            if KEEP_STOP:
+            if KEEP_STOP and (SUB_N == BLOCK_N or SUBTILE_CHECK == 0):  # the lean walk folded it
                 go = go & (tl.max(gains.to(tl.int32), 0) > 0)
             j0 += chunk
             chunk = tl.minimum(chunk + STOP_GROW, 64)
@@ -435,7 +505,7 @@ def _s2o_pass2_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
     GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
-    TOPK: tl.constexpr,
+    TOPK: tl.constexpr, SUBTILE_CHECK: tl.constexpr,
 ):  # fmt: skip
     """Ranked walk with early stop for one query tile of ``Q_perm`` order; scatters the output.
 
@@ -465,7 +535,7 @@ def _s2o_pass2_kernel(
         q, m1, l1, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
         KVP + b * stride_pb + h * stride_ph + seg * stride_pn, stride_kl, stride_vl, P, row_ok,
         qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
-        STOP_GROW, SUB_N,
+        STOP_GROW, SUB_N, SUBTILE_CHECK,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -481,7 +551,7 @@ def _s2o_fused_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
-    SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr,
+    SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr, SUBTILE_CHECK: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
@@ -508,7 +578,7 @@ def _s2o_fused_kernel(
         stride_kl, stride_vl,
         _walk_len(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P, WALK_KEYS, seg, TOPK), row_ok,
         qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
-        STOP_GROW, SUB_N,
+        STOP_GROW, SUB_N, SUBTILE_CHECK,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -615,6 +685,7 @@ def s2o_pass2(
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
     walk_budget=None, causal=True, launch: Launch | None = None,
     stop_chunk: tuple[int, int] | None = None, topk_ratio: float | None = None,
+    subtile_check: int = 0,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
@@ -627,6 +698,9 @@ def s2o_pass2(
     :class:`~s2o.kernels.launch.Launch`; ``stop_chunk``: ``(first chunk, growth)`` of the
     early-stop walk, default :data:`STOP_CHUNK`. ``topk_ratio``: S2O's top-k mode, each query
     tile walks the first ``ceil(topk_ratio * ranked tiles)`` key tiles (needs ``tau <= 0``).
+    ``subtile_check``: which implementation of the ``"keep"`` walk over key sub-tiles
+    (``sub_n < block_n``, head_dim 256) runs, one of :data:`SUBTILE_CHECKS` (same decisions; 0
+    by default until a GPU measurement picks one); no effect elsewhere.
     """
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
@@ -635,6 +709,7 @@ def s2o_pass2(
     n_tiles = visited.shape[-1]
     early_stop = tau > 0 if early_stop is None else early_stop
     chunk, grow = _stop_chunk(stop_chunk)
+    subtile_check = _subtile_check(subtile_check)
     sub_n, cfg = resolve_launch(
         "pass2", launch, head_d=D, block_n=block_n, device=q.device, gather=gather
     )
@@ -650,7 +725,7 @@ def s2o_pass2(
         _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=chunk, STOP_GROW=grow, SUB_N=sub_n,
-        CAUSAL=bool(causal), TOPK=walk_keys is not None, **cfg,
+        CAUSAL=bool(causal), TOPK=walk_keys is not None, SUBTILE_CHECK=subtile_check, **cfg,
     )  # fmt: skip
     return out, visited
 
@@ -659,11 +734,11 @@ def s2o_fused(
     q, k, v, kv_perm, *, segment_len, local_window, block_m, block_n, tau, scale=None,
     gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None, causal=True,
     launch: Launch | None = None, stop_chunk: tuple[int, int] | None = None,
-    descriptors: bool | None = None, topk_ratio: float | None = None,
+    descriptors: bool | None = None, topk_ratio: float | None = None, subtile_check: int = 0,
 ):  # fmt: skip
     """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`
-    (``topk_ratio`` too); ``launch.sub_n`` is also the key tile of its dense part,
-    ``descriptors`` as :func:`s2o_pass1`."""
+    (``topk_ratio`` and ``subtile_check`` too); ``launch.sub_n`` is also the key tile of its
+    dense part, ``descriptors`` as :func:`s2o_pass1`."""
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
     )
@@ -671,6 +746,7 @@ def s2o_fused(
     n_tiles = visited.shape[-1]
     early_stop = tau > 0 if early_stop is None else early_stop
     chunk, grow = _stop_chunk(stop_chunk)
+    subtile_check = _subtile_check(subtile_check)
     sub_n, cfg = resolve_launch("fused", launch, head_d=D, block_n=block_n, device=q.device)
     cfg = _discard_stages(cfg, launch, sub_n < block_n and early_stop and not _keep(stop_tile))
     descs, use_desc = kernel_kv_args(k, v, sub_n, descriptors)
@@ -683,6 +759,6 @@ def s2o_fused(
         float(tau), _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop, KEEP_STOP=_keep(stop_tile), IEEE=ieee,
         STOP_CHUNK=chunk, STOP_GROW=grow, USE_DESC=use_desc, SUB_N=sub_n, CAUSAL=bool(causal),
-        TOPK=walk_keys is not None, **cfg,
+        TOPK=walk_keys is not None, SUBTILE_CHECK=subtile_check, **cfg,
     )  # fmt: skip
     return out, visited
