@@ -261,7 +261,9 @@ def figure(recs: list[dict], out: Path) -> Path:
                    and (x := row(r, task, length, None)) and x["density"] is not None]  # fmt: skip
             pts.sort(key=lambda x: x["density"])
             if pts:
-                err = [[x["acc"] - x["lo"] for x in pts], [x["hi"] - x["acc"] for x in pts]]
+                # records before the exact Wilson bounds at 0 and n held lo = 3e-15 at acc = 0
+                err = [[max(0.0, x["acc"] - x["lo"]) for x in pts],
+                       [max(0.0, x["hi"] - x["acc"]) for x in pts]]  # fmt: skip
                 handles[name] = ax.errorbar(
                     [x["density"] for x in pts],
                     [x["acc"] for x in pts],

@@ -26,7 +26,10 @@ def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple
     z, p = _z(confidence), successes / n
     center = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (max(0.0, center - half), min(1.0, center + half))
+    # at p = 0 (p = 1) the bound is exactly 0 (1); center - half rounds to about 1e-17 there
+    lo = 0.0 if successes <= 0 else max(0.0, center - half)
+    hi = 1.0 if successes >= n else min(1.0, center + half)
+    return (lo, hi)
 
 
 def bootstrap_interval(

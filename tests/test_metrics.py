@@ -161,6 +161,8 @@ def test_wilson_interval_known_values():
     lo, hi = sig.wilson_interval(8, 10)
     assert (lo, hi) == pytest.approx((0.4901625, 0.9433178), abs=1e-6)
     assert sig.wilson_interval(0, 20)[0] == 0.0 and sig.wilson_interval(20, 20)[1] == 1.0
+    for n in (3, 10, 25, 50):  # exact bounds where center - half rounds to ~1e-17 (n=10 did)
+        assert sig.wilson_interval(0, n)[0] == 0.0 and sig.wilson_interval(n, n)[1] == 1.0
     # hand formula at p = 1/2, n = 4: center 1/2, half = z/(1+z^2/4) * sqrt(1/16 + z^2/64)
     z = 1.959963984540054
     half = z / (1 + z * z / 4) * math.sqrt(1 / 16 + z * z / 64)
