@@ -58,9 +58,12 @@ STOP_CHUNK = (2, 1)
 
 
 # implementations of the head_dim-256 "keep" walk (``SUB_N < BLOCK_N``), same decisions:
-# 0 = _keep_walk_sub_tiled, 1 and 2 = _keep_walk_sub_tiled_lean (its docstring). 0 stays the
-# default until a GPU A/B (benchmarks/bench_s2o.py --subtile-check) measures the others.
+# 0 = _keep_walk_sub_tiled, 1 and 2 = _keep_walk_sub_tiled_lean (its docstring). 1 is the
+# default: the GPU A/B (benchmarks/bench_s2o.py --subtile-check; results/benchmarks/bench_s2o/)
+# measured the stop logic at tau=0 at 1.10x the plain walk with 1, 1.41x with 0, 1.85x with 2
+# (H100, L=32K, 32/8 heads, D=256)
 SUBTILE_CHECKS = (0, 1, 2)
+SUBTILE_CHECK = 1
 
 
 def _subtile_check(subtile_check: int) -> int:
@@ -685,7 +688,7 @@ def s2o_pass2(
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
     walk_budget=None, causal=True, launch: Launch | None = None,
     stop_chunk: tuple[int, int] | None = None, topk_ratio: float | None = None,
-    subtile_check: int = 0,
+    subtile_check: int = SUBTILE_CHECK,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
@@ -699,8 +702,8 @@ def s2o_pass2(
     early-stop walk, default :data:`STOP_CHUNK`. ``topk_ratio``: S2O's top-k mode, each query
     tile walks the first ``ceil(topk_ratio * ranked tiles)`` key tiles (needs ``tau <= 0``).
     ``subtile_check``: which implementation of the ``"keep"`` walk over key sub-tiles
-    (``sub_n < block_n``, head_dim 256) runs, one of :data:`SUBTILE_CHECKS` (same decisions; 0
-    by default until a GPU measurement picks one); no effect elsewhere.
+    (``sub_n < block_n``, head_dim 256) runs, one of :data:`SUBTILE_CHECKS` (same decisions;
+    default :data:`SUBTILE_CHECK`, the fastest on the GPU); no effect elsewhere.
     """
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
@@ -734,7 +737,8 @@ def s2o_fused(
     q, k, v, kv_perm, *, segment_len, local_window, block_m, block_n, tau, scale=None,
     gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None, causal=True,
     launch: Launch | None = None, stop_chunk: tuple[int, int] | None = None,
-    descriptors: bool | None = None, topk_ratio: float | None = None, subtile_check: int = 0,
+    descriptors: bool | None = None, topk_ratio: float | None = None,
+    subtile_check: int = SUBTILE_CHECK,
 ):  # fmt: skip
     """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`
     (``topk_ratio`` and ``subtile_check`` too); ``launch.sub_n`` is also the key tile of its
