@@ -10,7 +10,8 @@ prompt of that many tokens is prefilled (``model(ids, use_cache=True, logits_to_
   SDPA's own dispatch) when ``e2e.stock``;
 - the job's method (``method=...``) and every name in ``e2e.methods`` (their registered defaults).
 
-Each prefill's time is the median of ``e2e.reps`` synchronized wall-clock runs; ``e2e.warmup``
+Each prefill's time is the median of ``e2e.reps`` synchronized wall-clock runs (the upper median
+for an even count: the time of one run, the run whose breakdown is recorded); ``e2e.warmup``
 untimed prefills at the first length warm each configuration up, and at every length the method
 first runs once on random Q/K/V of one layer's shape (Triton specializes some launch parameters on
 the length, cuDNN plans per shape: compilation stays out of the timing). The plug-in's CUDA events
@@ -82,7 +83,7 @@ def measure(model, ids, method: str | None, knobs: dict, e2e: dict, sync, warmup
         for _ in range(warmup):
             model(ids, use_cache=True, logits_to_keep=1)
         times = _timed(model, ids, reps, sync)
-        return {"total_ms": statistics.median(times), "wall_ms": times}
+        return {"total_ms": statistics.median_high(times), "wall_ms": times}
     with sparse_prefill(model, method, **knobs) as run:
         for _ in range(warmup):
             model(ids, use_cache=True, logits_to_keep=1)
@@ -90,9 +91,11 @@ def measure(model, ids, method: str | None, knobs: dict, e2e: dict, sync, warmup
         run.reset()
         times = _timed(model, ids, reps, sync)
         prefills = run.finalize()
+    # the median run (the upper one for an even count): its breakdown and its wall time, so the
+    # parts and the total come from the same prefill
     mid = sorted(range(reps), key=lambda i: times[i])[reps // 2]
     out = prefills[mid].summary()
-    out.update(total_ms=statistics.median(times), wall_ms=times)
+    out.update(total_ms=times[mid], wall_ms=times)
     return out
 
 
