@@ -2,7 +2,8 @@
 
     python analysis/ablation_tables.py [--results results] [--latest] [--out FILE]
 
-Reads the records of experiment=hparams_tau, hparams_S and component_ablation pinned in
+Reads the records of experiment=hparams_tau, hparams_S and component_ablation (and their
+``*_gemma3_270m_8k`` runs on real captured attention, when pinned) pinned in
 ``results/manifest.yaml`` (``--latest``: the newest ok record of each instead) and writes
 ``outputs/analysis/ablations.md`` (git-ignored). ``python analysis/pin.py`` rebuilds the published
 ``results/figures/ablations.md``. Rows of sweep points reused from other code or data
@@ -14,29 +15,48 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.records import SCRATCH, describe, paper_numbers, record_for
+from analysis.tables import markdown
+
+HPARAMS = ("hparams_tau", "hparams_S")
+COMPONENT = "component_ablation"
+FORMATS = {"sparsity": ".3f", "MAE": ".5f", "MSE": ".3e"}
 
 
-def _fmt(x, spec):
-    return "-" if x is None else format(x, spec)
+def _formats(paper: bool) -> dict[str, str]:
+    """Column -> format, in table order: each quantity ours, then the paper's when ``paper``."""
+    sides = ("ours", "paper") if paper else ("ours",)
+    return {f"{k} ({side})": v for k, v in FORMATS.items() for side in sides}
+
+
+def _ours_and_paper(m: dict, p: tuple | None) -> dict:
+    """``sparsity / MAE / MSE (ours)``, each followed by the paper's when ``p`` is given."""
+    out = {}
+    for i, k in enumerate(("sparsity", "mae", "mse")):
+        name = {"mae": "MAE", "mse": "MSE"}.get(k, k)
+        out[f"{name} (ours)"] = m[k]
+        if p is not None:
+            out[f"{name} (paper)"] = p[i]
+    return out
 
 
 def _stale(pt: dict) -> str:
     return " (stale)" if pt.get("stale") else ""
 
 
-def hparams_table(results: Path, use_latest: bool = False) -> str:
-    paper = {(r[0], r[1]): r[2:] for r in paper_numbers()["hparams"]["rows"]}
-    lines = [
-        "| S | tau | sparsity (ours) | sparsity (paper) | MAE (ours) | MAE (paper) "
-        "| MSE (ours) | MSE (paper) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    sources = []
-    for name in ("hparams_tau", "hparams_S"):
+def hparams_table(
+    results: Path, use_latest: bool = False, names=HPARAMS, paper: bool = True
+) -> str:
+    """S and tau rows of the ``names`` sweeps; ``paper``: the paper's row at the same (S, tau)
+    beside ours (leave it out for records of other shapes, whose S the paper has not)."""
+    numbers = {(r[0], r[1]): r[2:] for r in paper_numbers()["hparams"]["rows"]}
+    rows, sources = [], []
+    for name in names:
         rec = record_for(results, name, use_latest)
         if rec is None:
-            lines.append(f"| (no ok record of experiment={name}) |||||||")
+            rows.append({"S": f"(no ok record of experiment={name})"})
             continue
         sources.append(describe(rec))
         for pt in rec["metrics"]["points"]:
@@ -44,13 +64,16 @@ def hparams_table(results: Path, use_latest: bool = False) -> str:
                 continue
             pcfg = _point_cfg(rec, pt)
             S, tau = pcfg["S"], pcfg["tau"]
-            m = pt["metrics"]
-            sp, mae, mse = paper.get((S, round(tau, 6)), (None, None, None))
-            lines.append(
-                f"| {S}{_stale(pt)} | {tau:g} | {m['sparsity']:.3f} | {_fmt(sp, '.3f')} "
-                f"| {m['mae']:.5f} | {_fmt(mae, '.5f')} | {m['mse']:.3e} | {_fmt(mse, '.3e')} |"
+            p = numbers.get((S, round(tau, 6)), (None, None, None)) if paper else None
+            rows.append(
+                {
+                    "S": f"{S}{_stale(pt)}",
+                    "tau": format(tau, "g"),
+                    **_ours_and_paper(pt["metrics"], p),
+                }
             )
-    return "\n".join(lines + [""] + [f"- {s}" for s in sources])
+    df = pd.DataFrame(rows, columns=["S", "tau", *_formats(paper)])
+    return "\n".join([markdown(df, _formats(paper)), ""] + [f"- {s}" for s in sources])
 
 
 def _point_cfg(rec: dict, pt: dict) -> dict:
@@ -60,25 +83,58 @@ def _point_cfg(rec: dict, pt: dict) -> dict:
     return cfg
 
 
-def component_table(results: Path, use_latest: bool = False) -> str:
-    paper = paper_numbers()["component"]["rows"]
-    lines = [
-        "| variant | sparsity (ours) | sparsity (paper) | MAE (ours) | MAE (paper) "
-        "| MSE (ours) | MSE (paper) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    rec = record_for(results, "component_ablation", use_latest)
+def component_table(
+    results: Path, use_latest: bool = False, name: str = COMPONENT, paper: bool = True
+) -> str:
+    """One row per variant of the ``name`` sweep, the paper's beside ours when ``paper``."""
+    numbers = paper_numbers()["component"]["rows"]
+    rec = record_for(results, name, use_latest)
+    cols = ["variant", *_formats(paper)]
     if rec is None:
-        return "\n".join(lines + ["| (no ok record of experiment=component_ablation) ||||||"])
-    for pt in rec["metrics"]["points"]:
-        if pt["status"] != "ok":
-            continue
-        m, p = pt["metrics"], paper.get(pt["label"], (None, None, None))
-        lines.append(
-            f"| {pt['label']}{_stale(pt)} | {m['sparsity']:.3f} | {_fmt(p[0], '.3f')} "
-            f"| {m['mae']:.5f} | {_fmt(p[1], '.5f')} | {m['mse']:.3e} | {_fmt(p[2], '.3e')} |"
+        df = pd.DataFrame([{"variant": f"(no ok record of experiment={name})"}], columns=cols)
+        return markdown(df, _formats(paper))
+    rows = [
+        {
+            "variant": f"{pt['label']}{_stale(pt)}",
+            **_ours_and_paper(
+                pt["metrics"], numbers.get(pt["label"], (None,) * 3) if paper else None
+            ),
+        }
+        for pt in rec["metrics"]["points"]
+        if pt["status"] == "ok"
+    ]
+    return "\n".join(
+        [markdown(pd.DataFrame(rows, columns=cols), _formats(paper)), "", f"- {describe(rec)}"]
+    )
+
+
+# the same ablations on real captured attention (a 270M model at 8K; CPU reference paths)
+CAPTURED = (
+    "hparams_tau_gemma3_270m_8k",
+    "hparams_S_gemma3_270m_8k",
+    "component_ablation_gemma3_270m_8k",
+)
+
+
+def document(results: Path, use_latest: bool = False) -> str:
+    """The published ``ablations.md``: the paper's two tables with ours beside them, then the
+    same on real captured attention when any of :data:`CAPTURED` has a record."""
+    text = (
+        "## Hyperparameter ablations (paper: Qwen3-8B, 128K)\n\n"
+        + hparams_table(results, use_latest)
+        + "\n\n## Component ablation (paper: Qwen3-8B, 128K, one representative head)\n\n"
+        + component_table(results, use_latest)
+        + "\n"
+    )
+    if any(record_for(results, n, use_latest) is not None for n in CAPTURED):
+        text += (
+            "\n## The same on real attention: Gemma 3 270M, 8K (the paper's numbers are above)\n\n"
+            + hparams_table(results, use_latest, names=CAPTURED[:2], paper=False)
+            + "\n\n"
+            + component_table(results, use_latest, name=CAPTURED[2], paper=False)
+            + "\n"
         )
-    return "\n".join(lines + ["", f"- {describe(rec)}"])
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,12 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--latest", action="store_true", help="newest ok records, not the pinned ones")
     ap.add_argument("--out", type=Path, default=SCRATCH / "ablations.md")
     args = ap.parse_args(argv)
-    text = (
-        "## Hyperparameter ablations (paper: Qwen3-8B, 128K)\n\n"
-        + hparams_table(args.results, args.latest)
-        + "\n\n## Component ablation (paper: Qwen3-8B, 128K, one representative head)\n\n"
-        + component_table(args.results, args.latest) + "\n"
-    )  # fmt: skip
+    text = document(args.results, args.latest)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

@@ -35,7 +35,9 @@ def plot(rec: dict, out: Path) -> Path:
     ax.set_xlabel("sparsity (1 - processed / dense causal tiles)")
     ax.set_ylabel("MSE vs Full (mean over heads, layers)")
     cfg = rec["config"]
-    ax.set_title(f"MSE vs sparsity, L={cfg['data']['L']} ({cfg['data']['source']})", fontsize=10)
+    src = cfg["data"]["source"]
+    what = f"{cfg['model']['name']}, captured" if src == "model" else src
+    ax.set_title(f"MSE vs sparsity, L={cfg['data']['L']} ({what})", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()

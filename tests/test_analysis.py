@@ -24,7 +24,8 @@ def test_paper_numbers_match_the_published_tables():
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
-    for name in ("hparams_tau", "hparams_S", "component_ablation", "fig4a_mse_vs_sparsity"):
+    names = ("hparams_tau", "hparams_S", "component_ablation", "fig4a_mse_vs_sparsity")
+    for name in (*names, *ablation_tables.CAPTURED):
         rec = run_inprocess([f"experiment={name}", "dry_run=true", "data=synthetic"], out)
         assert rec["status"] == "ok", rec.get("traceback")
     return out
@@ -35,6 +36,16 @@ def test_ablation_tables_put_ours_next_to_the_paper(results, tmp_path):
     text = (tmp_path / "abl.md").read_text()
     assert "| 256 | 0.005 |" in text and "| 128 | 0.005 |" in text, text
     assert "| with_qperm |" in text and "0.852" in text, text
+    assert "no ok record" not in text
+
+
+def test_ablations_on_captured_attention_follow_without_paper_columns(results):
+    """The *_gemma3_270m_8k ablations get their own tables after the paper's, with no paper
+    columns (the paper has no such S at 8K); the paper's tables above keep theirs."""
+    text = ablation_tables.document(results, use_latest=True)
+    paper_part, captured = text.split("## The same on real attention")
+    assert "sparsity (paper)" in paper_part and "sparsity (paper)" not in captured, text
+    assert "hparams_tau_gemma3_270m_8k" in captured and "| with_qperm |" in captured, captured
     assert "no ok record" not in text
 
 
