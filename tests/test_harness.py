@@ -134,18 +134,32 @@ def test_cuda_request_without_gpu_fails_clearly(tmp_path):
 
 
 def test_matched_ratios_best_baseline_over_s2o():
-    """Best (lowest) baseline over S2O at each target; failed baselines are left out."""
+    """Best (lowest) baseline over S2O at each target; failed baselines and, at a target
+    sparsity, methods whose bisection ended away from it (their knob range could not reach it)
+    are left out."""
     from experiments.matched import ratios
 
+    def at(*sparsity_mse):
+        return [{"sparsity": sp, "mse": m} for sp, m in sparsity_mse]
+
     results = {
-        "s2o": {"status": "ok", "at_sparsity": [{"mse": 2.0}], "at_mse": [{"density": 0.1}]},
-        "a": {"status": "ok", "at_sparsity": [{"mse": 3.0}], "at_mse": [{"density": 0.4}]},
-        "b": {"status": "ok", "at_sparsity": [{"mse": 5.0}], "at_mse": [{"density": 0.2}]},
+        "s2o": {"status": "ok", "at_sparsity": at((0.9, 2.0), (0.85, 4.0)),
+                "at_mse": [{"density": 0.1}]},
+        "a": {"status": "ok", "at_sparsity": at((0.899, 3.0), (0.95, 5.0)),
+              "at_mse": [{"density": 0.4}]},
+        "b": {"status": "ok", "at_sparsity": at((0.9, 5.0), (0.75, 0.5)),
+              "at_mse": [{"density": 0.2}]},
+        "missed": {"status": "ok", "at_sparsity": at((0.7, 1.0), (0.94, 6.0)),
+                   "at_mse": [{"density": 0.9}]},
         "c": {"status": "error"},
-    }
-    out = ratios(results, {"target_sparsity": [0.9], "target_mse": [1e-3]})
+    }  # fmt: skip
+    out = ratios(results, {"target_sparsity": [0.9, 0.95], "target_mse": [1e-3]})
     assert out == {
-        "mse_at_sparsity": [{"target": 0.9, "s2o": 2.0, "best_baseline": 3.0, "ratio": 1.5}],
+        "mse_at_sparsity": [
+            {"target": 0.9, "s2o": 2.0, "best_baseline": 3.0, "ratio": 1.5},
+            # S2O ended at 0.85: no ratio; b at 0.75 is not matched either
+            {"target": 0.95, "s2o": 4.0, "best_baseline": 5.0, "ratio": None},
+        ],
         "density_at_mse": [{"target": 1e-3, "s2o": 0.1, "best_baseline": 0.2, "ratio": 2.0}],
     }
     assert ratios({"s2o": {"status": "error"}}, {}) == {}
