@@ -86,7 +86,12 @@ def device_label(env: dict) -> str:
 def describe(rec: dict) -> str:
     env, cfg = rec["environment"], rec["config"]
     data = cfg["data"]
-    src = data["source"] + (f" {cfg['model']['path']}" if data["source"] == "model" else "")
+    if data["source"] == "model":  # the model's name, and where its weights came from if given
+        model = cfg["model"]
+        where = model.get("path") or model.get("package") or model.get("gguf_file")
+        src = f"model {model['name']}" + (f" ({where})" if where else "") + f", text {data['text']}"
+    else:
+        src = data["source"]
     text = (
         f"{rec['_path']}: {src}, L={data['L']}, device {device_label(env)}, dtype {cfg['dtype']}, "
         f"git {env['git_revision'][:10]}, {env['time']}"
