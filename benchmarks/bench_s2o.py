@@ -223,13 +223,24 @@ def sweep_chunks(q, k, v, perms, setup, taus, bench, chunks=SWEEP):
 def sweep_subtile_checks(q, k, v, perms, setup, taus, bench, checks):
     """The implementations of the sub-tiled "keep" walk (``subtile_check``, head_dim 256 with
     ``sub_n < block``) vs speed: the chunk sweep's fields, plus Pass-2 alone and the fused kernel
-    with stop logic at tau=0, and each stop-logic kernel's compiled registers and spills."""
+    with stop logic at tau=0, the fused kernel's sparse points, and each stop-logic kernel's
+    compiled registers and spills."""
     qp, kvp = perms
     state = setup.pass1(q, k, v)
+    L = q.shape[2]
+    dense_tiles = dense_causal_tile_count(L, setup.block, setup.block)
+    p1_tiles = s2o_pass1_tile_count(L, setup.S, 0, setup.block, setup.block)
+
+    def fused_point(s, tau):
+        _, visited = s.fused(q, k, v, kvp, tau=tau)
+        density = float((visited.double().sum(-1) + p1_tiles).mean()) / dense_tiles
+        return {"tau": tau, "density": density,
+                "fused_ms": bench(lambda: s.fused(q, k, v, kvp, tau=tau))}  # fmt: skip
 
     def extra(s):
         stop = {"EARLY_STOP": True, "KEEP_STOP": True, "SUBTILE_CHECK": s.subtile_check}
         return {
+            "fused_sparse": [fused_point(s, tau) for tau in taus],
             "pass2_stoplogic_ms": bench(
                 lambda: s.pass2(q, k, v, state, qp, kvp, tau=0.0, early_stop=True)
             ),

@@ -97,6 +97,11 @@ def test_smoke_run_writes_one_record_in_the_harness_schema(records, name):
         assert set(length["abcd"]) == set(br.ABCD) and length["full_ms"]["math"] > 0
         assert [p["tau"] for p in length["s2o"]["sparse"]] == [0.002, 0.005, 0.02]
         assert m["sweep"] and m["step1_breakdown"]["variants"] and m["tune_trials"]
+        rows = length["subtile_check"]["subtile_checks"]
+        assert [r["subtile_check"] for r in rows] == [0, 1, 2]
+        for r in rows:  # the fused kernel's sparse points per walk, as two-pass's
+            assert [p["tau"] for p in r["fused_sparse"]] == [p["tau"] for p in r["sparse"]]
+            assert all(0 < p["density"] <= 1 and p["fused_ms"] > 0 for p in r["fused_sparse"])
 
 
 @pytest.mark.interpreter
