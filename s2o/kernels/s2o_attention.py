@@ -181,6 +181,22 @@ def _scores(q, k, qk_scale, cols, lim, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _walk_step(q, k, v, m_i, l_i, acc, qk_scale, cols, lim, IEEE: tl.constexpr):
+    """One online-softmax step of the ranked walk over a key (sub-)tile, columns ``>= lim``
+    masked: ``(m', l', acc', alpha, rowsum p)``; the caller keeps its stop-rule state."""
+    s = _scores(q, k, qk_scale, cols, lim, IEEE)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    if IEEE:
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    psum = tl.sum(p, 1)
+    return m_new, l_i * alpha + psum, acc, alpha, psum
+
+
+@triton.jit
 def _sub_tiled_update(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j, P, lim, qk_scale,
     BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
@@ -243,18 +259,10 @@ def _keep_walk_sub_tiled(
         g = tl.where(first, 0.0, g)
         l0 = tl.where(first, l_i, l0)
         lim = P * go.to(tl.int32)
-        s = _scores(q, k, qk_scale, u * SUB_N + tl.arange(0, SUB_N), lim, IEEE)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        g = g * alpha + tl.sum(p, 1)
+        cols = u * SUB_N + tl.arange(0, SUB_N)
+        m_i, l_i, acc, alpha, psum = _walk_step(q, k, v, m_i, l_i, acc, qk_scale, cols, lim, IEEE)
+        g = g * alpha + psum
         l0 = l0 * alpha
-        if IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
         gains = tl.where(last, (g >= tau * l0) & row_ok, gains)
         visited += (go & last).to(tl.int32)
     return m_i, l_i, acc, go, gains, visited
@@ -287,17 +295,9 @@ def _keep_walk_sub_tiled_lean(
         last = (c % SPLIT) == SPLIT - 1
         l0 = tl.where((c % SPLIT) == 0, l_i, l0)
         lim = P * go.to(tl.int32)  # 0 for a dead tile: every column masked
-        s = _scores(q, k, qk_scale, u * SUB_N + tl.arange(0, SUB_N), lim, IEEE)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
+        cols = u * SUB_N + tl.arange(0, SUB_N)
+        m_i, l_i, acc, alpha, _ = _walk_step(q, k, v, m_i, l_i, acc, qk_scale, cols, lim, IEEE)
         l0 = l0 * alpha
-        if IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
         visited += (go & last).to(tl.int32)
         if CHECK == 1:
             if last:
