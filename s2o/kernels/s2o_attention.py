@@ -88,15 +88,24 @@ def _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED: tl.constexpr, I
         s = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
+    m_i, l_i, acc, _, _ = _softmax_step(s, v, m_i, l_i, acc, IEEE)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc, IEEE: tl.constexpr):
+    """The online-softmax update for log2-domain scores ``s`` [BM, BN] of one key tile:
+    ``(m', l', acc', alpha, rowsum p)``. P V accumulates into the rescaled state inside the MMA
+    (no separate product and add)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
-    # P V accumulates into the rescaled state inside the MMA (no separate product and add)
     if IEEE:
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
     else:
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return m_new, l_i * alpha + tl.sum(p, 1), acc
+    psum = tl.sum(p, 1)
+    return m_new, l_i * alpha + psum, acc, alpha, psum
 
 
 @triton.jit
@@ -185,15 +194,7 @@ def _walk_step(q, k, v, m_i, l_i, acc, qk_scale, cols, lim, IEEE: tl.constexpr):
     """One online-softmax step of the ranked walk over a key (sub-)tile, columns ``>= lim``
     masked: ``(m', l', acc', alpha, rowsum p)``; the caller keeps its stop-rule state."""
     s = _scores(q, k, qk_scale, cols, lim, IEEE)
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    if IEEE:
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    psum = tl.sum(p, 1)
-    return m_new, l_i * alpha + psum, acc, alpha, psum
+    return _softmax_step(s, v, m_i, l_i, acc, IEEE)
 
 
 @triton.jit
