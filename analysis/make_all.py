@@ -265,7 +265,7 @@ FIG4A = (
         "fig4a_mse_vs_sparsity",
         "`python run.py experiment=fig4a_mse_vs_sparsity data.text=...` (GPU)",
     ),
-    ("fig4a_gemma3_270m_8k", "`python run.py experiment=fig4a_gemma3_270m_8k` (CPU, about 40 min)"),
+    ("fig4a_gemma3_270m_8k", "`python run.py experiment=fig4a_gemma3_270m_8k` (CPU, about 12 min)"),
 )
 
 
