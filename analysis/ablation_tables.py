@@ -22,23 +22,23 @@ from analysis.tables import markdown
 
 HPARAMS = ("hparams_tau", "hparams_S")
 COMPONENT = "component_ablation"
-FORMATS = {"sparsity": ".3f", "MAE": ".5f", "MSE": ".3e"}
+# (column, the record's metric, format), in table order
+METRICS = (("sparsity", "sparsity", ".3f"), ("MAE", "mae", ".5f"), ("MSE", "mse", ".3e"))
 
 
 def _formats(paper: bool) -> dict[str, str]:
     """Column -> format, in table order: each quantity ours, then the paper's when ``paper``."""
     sides = ("ours", "paper") if paper else ("ours",)
-    return {f"{k} ({side})": v for k, v in FORMATS.items() for side in sides}
+    return {f"{col} ({side})": fmt for col, _, fmt in METRICS for side in sides}
 
 
 def _ours_and_paper(m: dict, p: tuple | None) -> dict:
     """``sparsity / MAE / MSE (ours)``, each followed by the paper's when ``p`` is given."""
     out = {}
-    for i, k in enumerate(("sparsity", "mae", "mse")):
-        name = {"mae": "MAE", "mse": "MSE"}.get(k, k)
-        out[f"{name} (ours)"] = m[k]
+    for i, (col, key, _) in enumerate(METRICS):
+        out[f"{col} (ours)"] = m[key]
         if p is not None:
-            out[f"{name} (paper)"] = p[i]
+            out[f"{col} (paper)"] = p[i]
     return out
 
 
