@@ -409,8 +409,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)  # fmt: skip
     args.step1_lens, args.abcd_segment_len = (512, 1024, 2048, 4096), 1024
     args.subtile_check = [int(c) for c in args.subtile_check.split(",") if c]
-    if set(args.subtile_check) - set(SUBTILE_CHECKS):
-        ap.error(f"--subtile-check values must be in {SUBTILE_CHECKS}")
+    bad = sorted(set(args.subtile_check) - set(SUBTILE_CHECKS))
+    if bad:
+        ap.error(f"--subtile-check {bad}: each value must be one of {SUBTILE_CHECKS}")
     if args.smoke:  # 4 segments of 2 tiles; the sweep and the breakdown at the same length
         args.lengths, args.segment_len, args.block = "128", 32, 16
         args.step1_lens, args.abcd_segment_len, args.tune_length = (32, 64), 32, 128
