@@ -125,12 +125,46 @@ class _Job(NamedTuple):
     pkl: Path
 
 
+def cpu_sets(
+    cpus_per_worker: int | str | None, workers: int, available: Sequence[int]
+) -> list[list[int]] | None:
+    """The CPUs each worker is pinned to: disjoint blocks of the launcher's own CPUs.
+
+    ``"auto"`` splits them evenly (the remainder stays unused; with fewer CPUs than workers, each
+    worker gets one, shared round-robin); an integer n gives each worker n of them and refuses more
+    than there are; None pins nothing (every job sees every CPU, and their thread pools compete).
+    """
+    if cpus_per_worker is None:
+        return None
+    cpus = sorted(available)
+    if cpus_per_worker == "auto":
+        n = len(cpus) // workers
+        if n == 0:
+            return [[cpus[i % len(cpus)]] for i in range(workers)]
+    elif isinstance(cpus_per_worker, int) and not isinstance(cpus_per_worker, bool):
+        n = cpus_per_worker
+        if n < 1 or n * workers > len(cpus):
+            raise ValueError(
+                f"node_gpus: cpus_per_worker={n} for {workers} workers needs {n * workers} "
+                f"CPUs, and this launcher may use {len(cpus)}"
+            )
+    else:
+        raise ValueError(
+            f"node_gpus: cpus_per_worker={cpus_per_worker!r} must be auto, null or an integer >= 1"
+        )
+    return [cpus[i * n : (i + 1) * n] for i in range(workers)]
+
+
+# thread pools that size themselves from the machine, not from the process's CPUs
+_THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
 class _Worker:
     """The launcher's side of one GPU: its worker process (None between two processes), the job
     it runs (None when idle) and how many jobs the process was handed."""
 
-    def __init__(self, gpu: str, share: int = 1) -> None:
-        self.gpu, self.share = gpu, share
+    def __init__(self, gpu: str, share: int = 1, cpus: list[int] | None = None) -> None:
+        self.gpu, self.share, self.cpus = gpu, share, cpus
         self.proc: subprocess.Popen | None = None
         self.pid = 0
         self.served = 0
@@ -146,12 +180,20 @@ class _Worker:
         # The worker imports what this process imports (the task function's modules) from the
         # same places, wherever the sweep was started from.
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        cpus, pin = self.cpus, None
+        if cpus is not None:  # pinned before exec: every thread the worker starts inherits it
+            env.update({k: str(len(cpus)) for k in _THREAD_ENVS if k not in os.environ})
+
+            def pin() -> None:
+                os.sched_setaffinity(0, cpus)
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", __name__],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=pin,
         )
         self.pid, self.served, self.died, self.buf = self.proc.pid, 0, False, b""
 
@@ -214,12 +256,23 @@ class NodeGpusLauncher(Launcher):
         reuse_workers: bool = True,
         poll_s: float = 0.2,
         jobs_per_gpu: int = 1,
+        cpus_per_worker: int | str | None = "auto",
     ) -> None:
         if not isinstance(reuse_workers, bool):
             raise ValueError(f"node_gpus: reuse_workers={reuse_workers!r} must be true or false")
         if isinstance(jobs_per_gpu, bool) or not isinstance(jobs_per_gpu, int) or jobs_per_gpu < 1:
             raise ValueError(f"node_gpus: jobs_per_gpu={jobs_per_gpu!r} must be an integer >= 1")
         self.jobs_per_gpu = jobs_per_gpu
+        if cpus_per_worker not in (None, "auto") and (
+            isinstance(cpus_per_worker, bool)
+            or not isinstance(cpus_per_worker, int)
+            or cpus_per_worker < 1
+        ):
+            raise ValueError(
+                f"node_gpus: cpus_per_worker={cpus_per_worker!r} must be auto, null or an "
+                "integer >= 1"
+            )
+        self.cpus_per_worker = cpus_per_worker
         self.gpus = None if gpus is None else (gpus if isinstance(gpus, str) else list(gpus))
         self.reuse_workers = reuse_workers
         self.poll_s = poll_s
@@ -279,7 +332,10 @@ class NodeGpusLauncher(Launcher):
     def _run(self, jobs: list[_Job], gpus: list[str], ledger: Path) -> list[JobReturn]:
         """Hand each job to the first free GPU's worker; collect every job's return, in order."""
         k = self.jobs_per_gpu  # slot by slot, so the first jobs spread over the GPUs
-        pending, workers = deque(jobs), [_Worker(gpu, k) for _ in range(k) for gpu in gpus]
+        slots = [gpu for _ in range(k) for gpu in gpus]
+        cpus = cpu_sets(self.cpus_per_worker, len(slots), sorted(os.sched_getaffinity(0)))
+        pending = deque(jobs)
+        workers = [_Worker(g, k, None if cpus is None else cpus[i]) for i, g in enumerate(slots)]
         rets: dict[int, JobReturn] = {}
         sel = selectors.DefaultSelector()
         # SIGTERM (timeout, kill) ends the sweep through the finally below, workers included
@@ -364,6 +420,7 @@ def _collect(w: _Worker, code: int | None, ledger: Path) -> JobReturn:
         "overrides": job.overrides,
         "gpu": w.gpu,
         "jobs_per_gpu": w.share,
+        "cpus": _ranges(w.cpus),
         "gpu_seen_by_job": (result or {}).get("cuda_visible_devices"),
         "pid": w.pid,
         "worker_job": w.served,
@@ -396,6 +453,19 @@ def _result(out: Path) -> dict | None:
         return pickle.loads(out.read_bytes())
     except Exception as exc:  # noqa: BLE001  (a result that cannot be read is a failed job)
         return {"status": "FAILED", "value": RuntimeError(f"unreadable result {out}: {exc}")}
+
+
+def _ranges(cpus: list[int] | None) -> str | None:
+    """``[0, 1, 2, 5]`` as ``"0-2,5"`` (taskset's notation); None when not pinned."""
+    if cpus is None:
+        return None
+    parts: list[list[int]] = []
+    for c in cpus:
+        if parts and c == parts[-1][1] + 1:
+            parts[-1][1] = c
+        else:
+            parts.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
 
 
 def _span(start: float | None, end: float | None) -> float | None:
