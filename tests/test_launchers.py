@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from harness_util import ROOT, run_cli
 
-from hydra_plugins.s2o_launchers.node_gpus import NodeGpusLauncher, pick_gpus
+from hydra_plugins.s2o_launchers.node_gpus import NodeGpusLauncher, cpu_sets, pick_gpus
 
 APP = """
 import json, logging, os, signal, subprocess, time
@@ -37,6 +37,8 @@ def main(cfg):
         "job_num": hc.job.num,
         "output_dir": hc.runtime.output_dir,
         "leaked_env": os.environ.get("S2O_TEST_LEAK"),
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "omp_threads": os.environ.get("OMP_NUM_THREADS"),
         "app_handlers": len(logging.getLogger("app").handlers),
         "root_files": [h.baseFilename for h in root.handlers if hasattr(h, "baseFilename")],
     }
@@ -324,3 +326,47 @@ def test_a_timed_run_on_a_shared_gpu_warns(monkeypatch, capsys):
     monkeypatch.setenv("S2O_JOBS_PER_GPU", "1")
     run.warn_shared_gpu(timed)
     assert capsys.readouterr().err == ""
+
+
+def test_cpu_sets_split_the_launchers_cpus_into_disjoint_blocks():
+    assert cpu_sets(None, 4, range(8)) is None
+    assert cpu_sets("auto", 2, [5, 4, 7, 6]) == [[4, 5], [6, 7]]
+    assert cpu_sets("auto", 3, range(8)) == [[0, 1], [2, 3], [4, 5]]  # 6 and 7 stay unused
+    assert cpu_sets("auto", 3, [0, 1]) == [[0], [1], [0]]  # fewer CPUs than workers: shared
+    assert cpu_sets(3, 2, range(8)) == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ValueError, match="cpus_per_worker=3 for 3 workers needs 9 CPUs"):
+        cpu_sets(3, 3, range(8))
+    for bad in (0, -2, True, "all", 1.5):
+        with pytest.raises(ValueError, match=f"cpus_per_worker={bad!r} must be auto, null"):
+            NodeGpusLauncher(cpus_per_worker=bad)
+
+
+def _cpu_ranges(text: str) -> list[int]:
+    cpus = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        cpus += range(int(a), int(b or a) + 1)
+    return cpus
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to give each a worker")
+def test_node_gpus_pins_each_worker_to_its_own_cpus(tmp_path):
+    """Two fake GPUs, one CPU per worker: every job runs on its worker's CPU alone, with OpenMP
+    sized to it, the ledger names it, and the two GPUs' CPUs differ; null pins nothing."""
+    paths = _app(tmp_path)
+    args = ["n=0,1,2,3", "sleep=0.2", "hydra.launcher.cpus_per_worker=1"]
+    proc = _sweep(tmp_path, "0,1", args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs, seen = _ledger(paths["sweep"]), _seen(paths["seen"])
+    for j in jobs:
+        assert seen[j["num"]]["cpus"] == _cpu_ranges(j["cpus"]) and len(seen[j["num"]]["cpus"]) == 1
+        assert seen[j["num"]]["omp_threads"] == (os.environ.get("OMP_NUM_THREADS") or "1")
+    by_gpu = {j["gpu"]: j["cpus"] for j in jobs}
+    assert len(by_gpu) == 2 and len(set(by_gpu.values())) == 2, jobs
+
+    (tmp_path / "free").mkdir()
+    paths = _app(tmp_path / "free")
+    proc = _sweep(tmp_path / "free", "0,1", ["n=0,1", "hydra.launcher.cpus_per_worker=null"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {j["cpus"] for j in _ledger(paths["sweep"])} == {None}
+    assert all(s["cpus"] == sorted(os.sched_getaffinity(0)) for s in _seen(paths["seen"]).values())
