@@ -48,7 +48,6 @@ def point_config(cfg: DictConfig, sets: dict) -> DictConfig:
 
 def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:
     points = expand(resolved["sweep"])
-    data_cache: dict = {}
     rows = []
     bar = tqdm(points, desc=resolved["name"], disable=not resolved["progress"])
     for step, (label, sets) in enumerate(bar):
@@ -56,7 +55,7 @@ def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -
         presolved = resolved_config(point_config(cfg, sets), ctx)
         path = point_record_path(presolved)
         record, skipped = execute(
-            presolved, path, lambda p=presolved: operator.evaluate(p, data_cache)
+            presolved, path, lambda p=presolved: operator.evaluate(p, operator.PROCESS_DATA)
         )
         row = {"label": label, "set": sets, "record": str(path), "status": record["status"]}
         row["skipped"] = skipped

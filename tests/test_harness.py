@@ -163,3 +163,32 @@ def test_matched_ratios_best_baseline_over_s2o():
         "density_at_mse": [{"target": 1e-3, "s2o": 0.1, "best_baseline": 0.2, "ratio": 2.0}],
     }
     assert ratios({"s2o": {"status": "error"}}, {}) == {}
+
+
+def test_points_in_one_process_build_their_input_once(tmp_path, monkeypatch):
+    """Operator points run in one process (local launcher, reused node_gpus workers) share the
+    last input and its references when data, device and dtype agree, with the same metrics as
+    a fresh process; other data replaces it."""
+    from experiments import operator
+
+    calls = []
+    real = operator.load_layers
+
+    def counting(*args, **kwargs):
+        calls.append(args[0]["seed"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(operator, "load_layers", counting)
+    monkeypatch.setattr(operator, "PROCESS_DATA", {})
+    base = ["method=s2o", "dry_run=true", "timing.enabled=false", "skip_done=false"]
+    run_inprocess([*base, "tau=0.01"], tmp_path / "a")
+    second = run_inprocess([*base, "tau=0.05"], tmp_path / "b")
+    assert len(calls) == 1, calls
+    third = run_inprocess([*base, "tau=0.05", "data.seed=7"], tmp_path / "c")
+    assert calls == [calls[0], 7]
+    monkeypatch.setattr(operator, "PROCESS_DATA", {})
+    fresh = run_inprocess([*base, "tau=0.05"], tmp_path / "d")
+    assert len(calls) == 3
+    for key in ("mse", "sparsity", "mse_per_head"):
+        assert second["metrics"][key] == fresh["metrics"][key]
+    assert third["metrics"]["mse"] != second["metrics"]["mse"]
