@@ -13,7 +13,10 @@ import argparse
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.records import device_label
+from analysis.tables import markdown
 
 COLUMNS = (
     ("config", "label", None), ("L", "L", None), ("density", "density", ".3f"),
@@ -24,30 +27,36 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def _cell(row: dict, key: str, spec: str | None) -> str:
-    value = row.get(key)
-    if value is None:
-        return "-"
-    return format(value, spec) if spec else str(value)
+def frame(rec: dict) -> pd.DataFrame:
+    """One row per (length, configuration) of an e2e record, dense rows first at each length; a
+    configuration that failed has its error in the ``density`` column and nothing else."""
+    rows = sorted(
+        rec["metrics"]["rows"],
+        key=lambda r: (r["L"], r["label"] not in ("full_flash", "full_cudnn")),
+    )
+    cols = [c[0] for c in COLUMNS]
+    out = []
+    for r in rows:
+        if "error" in r:
+            out.append({"config": r["label"], "L": r["L"], "density": r["error"]})
+        else:
+            out.append({name: r.get(key) for name, key, _ in COLUMNS})
+    return pd.DataFrame(out, columns=cols).astype(object)
 
 
 def table(rec: dict, path: str) -> str:
     """A markdown table of one e2e record, with a line naming its source and environment."""
     env, m = rec["environment"], rec["metrics"]
-    lines = [
+    formats = {
+        name: (lambda v, s=spec: v if isinstance(v, str) else format(v, s))
+        for name, _, spec in COLUMNS
+        if spec
+    }
+    head = (
         f"`{path}`: {m['model']}, {m['text']}, {m['dtype']}, {device_label(env)}, torch "
-        f"{env['torch']}, Triton {env['triton']}, git {str(env['git_revision'])[:7]}",
-        "",
-        "| " + " | ".join(c[0] for c in COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
-    ]
-    rows = sorted(m["rows"], key=lambda r: (r["L"], r["label"] not in ("full_flash", "full_cudnn")))
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['label']} | {r['L']} | {r['error']} |" + " |" * (len(COLUMNS) - 3))
-            continue
-        lines.append("| " + " | ".join(_cell(r, key, spec) for _, key, spec in COLUMNS) + " |")
-    return "\n".join(lines)
+        f"{env['torch']}, Triton {env['triton']}, git {str(env['git_revision'])[:7]}"
+    )
+    return head + "\n\n" + markdown(frame(rec), formats)
 
 
 def main() -> None:

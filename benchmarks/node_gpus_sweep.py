@@ -44,6 +44,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+
+from analysis.tables import markdown as md_table
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -169,7 +173,7 @@ def points(out: Path, tag: str) -> list[dict]:
     lines = ledger.read_text().splitlines() if ledger.exists() else []
     rows = sorted((json.loads(line) for line in lines), key=lambda r: r["num"])
     keep = ("num", "gpu", "gpu_seen_by_job", "pid", "worker_job", "start", "end", "elapsed_s")
-    keep += ("job_s", "status", "why")
+    keep += ("job_s", "status", "why", "cpus")
     return [{k: r.get(k) for k in keep} | {"point": _tau(r["overrides"])} for r in rows]
 
 
@@ -241,16 +245,25 @@ def markdown(s: dict) -> str:
         f"- GPU 0 alone: {one['wall_s']:.1f} s wall (exit {one['returncode']})",
         f"- speedup: {s['speedup_2gpu_over_1gpu']:.2f}x",
         "",
-        "| sweep | point | GPU | seen by job | worker pid (job) | elapsed s | job s | status |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for tag in ("2gpu", "1gpu"):
-        for p in s["sweeps"][tag]["points"]:
-            lines.append(
-                f"| {tag} | {p['point']} | {p['gpu']} | {p['gpu_seen_by_job']} | "
-                f"{p['pid']} ({p['worker_job']}) | {p['elapsed_s']:.1f} | {p['job_s']} | "
-                f"{p['status']} |"
-            )
+    df = pd.DataFrame(
+        [
+            {
+                "sweep": tag,
+                "point": p["point"],
+                "GPU": p["gpu"],
+                "seen by job": p["gpu_seen_by_job"],
+                "CPUs": p.get("cpus"),
+                "worker pid (job)": f"{p['pid']} ({p['worker_job']})",
+                "elapsed s": p["elapsed_s"],
+                "job s": p["job_s"],
+                "status": p["status"],
+            }
+            for tag in ("2gpu", "1gpu")
+            for p in s["sweeps"][tag]["points"]
+        ]
+    ).astype(object)
+    lines.append(md_table(df, {"elapsed s": ".1f"}))
     lines += ["", "nvidia-smi during each sweep (1 s samples): mean utilization %, fraction >= 50%"]
     for tag in ("2gpu", "1gpu"):
         use = s["sweeps"][tag]["gpu_use"]
@@ -327,18 +340,20 @@ def overhead_markdown(s: dict) -> str:
         "hand-off to result in the launcher; job: Hydra and the task in the worker; overhead: the "
         "difference (process start, imports, unpickling, result, process exit). Medians.",
         "",
-        "| sweep | exit | ok | wall s | wall per job s | elapsed s | job s | overhead s "
-        "| 1st job of a worker s | later jobs s | processes | load avg before |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in s["sweeps"]:
-        lines.append(
-            f"| {r['tag']} | {r['returncode']} | {r['ok']} | {r['wall_s']:.1f} | "
-            f"{r['wall_per_job_s']:.3f} | {r['median_elapsed_s']} | {r['median_job_s']} | "
-            f"{r['median_overhead_s']} | {r['first_job_of_worker_elapsed_s']} | "
-            f"{r['later_jobs_elapsed_s']} | {r['worker_processes']} | "
-            f"{', '.join(f'{x:.2f}' for x in r['loadavg_before'])} |"
-        )
+    cols = {
+        "tag": "sweep", "returncode": "exit", "ok": "ok", "wall_s": "wall s",
+        "wall_per_job_s": "wall per job s", "median_elapsed_s": "elapsed s",
+        "median_job_s": "job s", "median_overhead_s": "overhead s",
+        "first_job_of_worker_elapsed_s": "1st job of a worker s",
+        "later_jobs_elapsed_s": "later jobs s", "worker_processes": "processes",
+        "loadavg_before": "load avg before",
+    }  # fmt: skip
+    df = pd.DataFrame([{v: r[k] for k, v in cols.items()} for r in s["sweeps"]]).astype(object)
+    loadavg = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+    lines.append(
+        md_table(df, {"wall s": ".1f", "wall per job s": ".3f", "load avg before": loadavg})
+    )
     on = [r["wall_per_job_s"] for r in s["sweeps"] if r["reuse_workers"]]
     off = [r["wall_per_job_s"] for r in s["sweeps"] if not r["reuse_workers"]]
     if on and off:
