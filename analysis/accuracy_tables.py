@@ -21,7 +21,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.records import SCRATCH, paper_numbers
+from analysis.tables import markdown
 from eval.significance import compare_paired, score_interval
 
 ORDER = ("full", "s2o", "flexprefill", "xattn", "pbs")  # rows and figure series, others after
@@ -208,8 +211,8 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> st
             continue
         rows.sort(key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"]))
         small = " (n < 50)" if any(x["n"] < 50 for x in rows) else ""
-        out += ["", f"{'#' * (level + 1)} {task}, length {_f(length, 'd')}{small}", "", *note,
-                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+        out += ["", f"{'#' * (level + 1)} {task}, length {_f(length, 'd')}{small}", "", *note]
+        cells = []
         for x in rows:
             d = x["density"]
             cols = [x["label"], f"{x['acc']:.1f} [{x['lo']:.1f}, {x['hi']:.1f}]", _f(d, ".3f"),
@@ -220,7 +223,8 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> st
                 key = task if length is None else f"{task}@{length}"
                 p = theirs.get(x["method"], {}).get(key)
                 cols += [_f(p and p[0], ".1f"), _f(p and p[1], ".3f")]
-            out.append("| " + " | ".join(cols) + " |")
+            cells.append(cols)
+        out.append(markdown(pd.DataFrame(cells, columns=head)))
     return "\n".join(out) + "\n"
 
 
