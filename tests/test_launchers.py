@@ -341,6 +341,15 @@ def test_cpu_sets_split_the_launchers_cpus_into_disjoint_blocks():
             NodeGpusLauncher(cpus_per_worker=bad)
 
 
+def test_cpu_pinning_is_refused_where_the_os_has_no_affinity(monkeypatch):
+    from hydra_plugins.s2o_launchers import node_gpus
+
+    monkeypatch.delattr(node_gpus.os, "sched_getaffinity")
+    assert node_gpus._own_cpus(None) == []
+    with pytest.raises(ValueError, match="cpus_per_worker='auto' pins workers to CPUs"):
+        node_gpus._own_cpus("auto")
+
+
 def _cpu_ranges(text: str) -> list[int]:
     cpus = []
     for part in text.split(","):

@@ -155,6 +155,18 @@ def cpu_sets(
     return [cpus[i * n : (i + 1) * n] for i in range(workers)]
 
 
+def _own_cpus(cpus_per_worker: int | str | None) -> list[int]:
+    """The CPUs this launcher may run on (its affinity: a SLURM allocation, ``taskset``)."""
+    if not hasattr(os, "sched_getaffinity"):  # macOS, Windows: no CPU affinity to split
+        if cpus_per_worker is None:
+            return []
+        raise ValueError(
+            f"node_gpus: cpus_per_worker={cpus_per_worker!r} pins workers to CPUs, which this OS "
+            "does not support; set hydra.launcher.cpus_per_worker=null"
+        )
+    return sorted(os.sched_getaffinity(0))
+
+
 # thread pools that size themselves from the machine, not from the process's CPUs
 _THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -333,7 +345,9 @@ class NodeGpusLauncher(Launcher):
         """Hand each job to the first free GPU's worker; collect every job's return, in order."""
         k = self.jobs_per_gpu  # slot by slot, so the first jobs spread over the GPUs
         slots = [gpu for _ in range(k) for gpu in gpus]
-        cpus = cpu_sets(self.cpus_per_worker, len(slots), sorted(os.sched_getaffinity(0)))
+        cpus = cpu_sets(self.cpus_per_worker, len(slots), _own_cpus(self.cpus_per_worker))
+        if cpus is not None:
+            log.info(f"node_gpus: worker CPUs {[_ranges(c) for c in cpus]}")
         pending = deque(jobs)
         workers = [_Worker(g, k, None if cpus is None else cpus[i]) for i, g in enumerate(slots)]
         rets: dict[int, JobReturn] = {}
