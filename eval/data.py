@@ -61,13 +61,22 @@ def _read_layers(f, path, layers, L, device, dtype) -> list[Layer]:
     return out
 
 
-def load_layers(data: dict, model: dict | None, device, dtype) -> tuple[list[Layer], dict]:
-    """Build or load the inputs described by the resolved ``data`` (and ``model``) config."""
+def load_layers(
+    data: dict, model: dict | None, device, dtype, input_cache: str | Path | None = None
+) -> tuple[list[Layer], dict]:
+    """Build or load the inputs described by the resolved ``data`` (and ``model``) config.
+
+    ``input_cache``: a folder where a synthetic input is saved the first time it is built and
+    loaded from afterwards (see :func:`cached_synthetic`); None builds it every time."""
     source = data["source"]
     if source == "synthetic":
         spec = spec_from_cfg(data)
-        q, k, v = synthetic_qkv(spec, dtype=dtype, device=device)
-        return [(0, q, k, v)], {"source": "synthetic"}
+        if input_cache is None:
+            q, k, v = synthetic_qkv(spec, dtype=dtype, device=device)
+            return [(0, q, k, v)], {"source": "synthetic"}
+        (q, k, v), path, hit = cached_synthetic(spec, dtype, Path(input_cache))
+        q, k, v = (t.to(device) for t in (q, k, v))
+        return [(0, q, k, v)], {"source": "synthetic", "cache": str(path), "cache_hit": hit}
     if source == "file":
         layers = load_safetensors_layers(data["path"], data["layers"], data["L"], device, dtype)
         return layers, {"source": "file", "path": str(data["path"])}
@@ -81,3 +90,46 @@ def load_layers(data: dict, model: dict | None, device, dtype) -> tuple[list[Lay
         layers = load_safetensors_layers(path, wanted, None, device, dtype)
         return layers, {"source": "model", "cache": str(path), "cache_hit": hit}
     raise ValueError(f"unknown data.source {source!r}; valid: synthetic, model, file")
+
+
+def synthetic_cache_key(spec, dtype: torch.dtype) -> str:
+    """What a saved synthetic input depends on: every knob of the spec, the dtype, the generator's
+    source code and torch's version (its random streams); a change of any gives a new file."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from . import synthetic
+
+    h = hashlib.sha256()
+    h.update(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
+    h.update(str(dtype).encode() + torch.__version__.encode())
+    h.update(Path(synthetic.__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cached_synthetic(
+    spec, dtype: torch.dtype, folder: Path
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], Path, bool]:
+    """The synthetic Q/K/V of ``spec`` (on the CPU) from ``folder``, built and saved there first
+    if absent (written under a temporary name and renamed, so concurrent jobs never read a partial
+    file). Returns the tensors, the file and whether it was there already. A file that cannot be
+    read raises ``ValueError`` naming it."""
+    import os
+
+    path = folder / f"synthetic_L{spec.L}_{synthetic_cache_key(spec, dtype)}.pt"
+    if path.exists():
+        try:
+            qkv = torch.load(path, map_location="cpu", weights_only=True)
+            return (qkv["q"], qkv["k"], qkv["v"]), path, True
+        except Exception as exc:  # noqa: BLE001  (any unreadable file: name it)
+            raise ValueError(
+                f"{path}: cannot read this cached synthetic input ({exc}); delete it and the "
+                "next run builds it again"
+            ) from exc
+    q, k, v = synthetic_qkv(spec, dtype=dtype, device="cpu")
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    torch.save({"q": q, "k": k, "v": v}, tmp)
+    os.replace(tmp, path)
+    return (q, k, v), path, False

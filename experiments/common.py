@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # revision, the data files' content and the device model enter it separately (run_identity).
 NOT_IDENTITY = (
     "wandb", "results_dir", "skip_done", "reuse_stale", "progress", "git_rev", "tiny", "dry_run",
-    "name",
+    "name", "input_cache",
 )  # fmt: skip
 # An operator point is identified by its method knobs, so the top-level tau/S (interpolated into
 # them, ignored by other methods) and the sweep/matched blocks are left out as well.

@@ -136,7 +136,9 @@ def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -
             resolve_knobs(name, {**METHODS[name].defaults, **(mcfg["knobs"].get(name) or {})})
     check_memory(resolved)
     device, dtype = torch.device(resolved["device"]), getattr(torch, resolved["dtype"])
-    layers, info = load_layers(resolved["data"], resolved.get("model"), device, dtype)
+    layers, info = load_layers(
+        resolved["data"], resolved.get("model"), device, dtype, resolved.get("input_cache")
+    )
     refs: dict = {}
     results = {}
     for name in tqdm(mcfg["methods"], desc="methods", disable=not resolved["progress"]):

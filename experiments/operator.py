@@ -103,7 +103,9 @@ def evaluate(resolved: dict, data_cache: dict | None = None) -> dict:
     cache = data_cache if data_cache is not None else {}
     if cache.get("key") != data_key:
         cache.clear()
-        layers, info = load_layers(resolved["data"], resolved.get("model"), device, dtype)
+        layers, info = load_layers(
+            resolved["data"], resolved.get("model"), device, dtype, resolved.get("input_cache")
+        )
         cache.update(key=data_key, layers=layers, info=info, refs={})
     layers = cache["layers"]
     ref_key = json.dumps(full_knobs(knobs), sort_keys=True)

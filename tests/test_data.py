@@ -156,3 +156,41 @@ def test_capture_real_embedded_model_on_essays(tmp_path):
     _, q, k, v = layers[1]
     assert q.shape == (1, 9, 128, 64) and k.shape == (1, 3, 128, 64) == v.shape
     assert torch.isfinite(q).all() and q.abs().max() > 0
+
+
+def test_synthetic_input_cache_saves_once_and_loads_the_same_tensors(tmp_path):
+    data = {"source": "synthetic", "L": 256, "batch": 1, "heads_q": 4, "heads_kv": 2,
+            "head_dim": 32, "seed": 3}  # fmt: skip
+    built, info = load_layers(data, None, "cpu", torch.bfloat16)
+    assert "cache" not in info
+    first, info1 = load_layers(data, None, "cpu", torch.bfloat16, tmp_path / "inputs")
+    second, info2 = load_layers(data, None, "cpu", torch.bfloat16, tmp_path / "inputs")
+    assert (info1["cache_hit"], info2["cache_hit"]) == (False, True)
+    assert info1["cache"] == info2["cache"] and len(list((tmp_path / "inputs").iterdir())) == 1
+    for a, b, c in zip(built[0][1:], first[0][1:], second[0][1:]):
+        assert a.dtype == c.dtype == torch.bfloat16 and torch.equal(a, b) and torch.equal(a, c)
+    # another seed or dtype is another file
+    _, info3 = load_layers({**data, "seed": 4}, None, "cpu", torch.bfloat16, tmp_path / "inputs")
+    _, info4 = load_layers(data, None, "cpu", torch.float32, tmp_path / "inputs")
+    assert not info3["cache_hit"] and not info4["cache_hit"]
+    assert len({info1["cache"], info3["cache"], info4["cache"]}) == 3
+    # a truncated file is named, never silently rebuilt
+    path = tmp_path / "inputs" / info1["cache"].rsplit("/", 1)[1]
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError, match=f"{path}: cannot read this cached synthetic input"):
+        load_layers(data, None, "cpu", torch.bfloat16, tmp_path / "inputs")
+
+
+def test_input_cache_is_not_part_of_a_points_identity(tmp_path, monkeypatch):
+    from experiments import operator
+
+    monkeypatch.setattr(operator, "PROCESS_DATA", {})  # this process's last input: not shared
+    base = ["method=s2o", "dry_run=true", "timing.enabled=false"]
+    fresh = run_inprocess(base, tmp_path)
+    again = run_inprocess([*base, f"input_cache={tmp_path / 'inputs'}"], tmp_path)
+    assert again["skipped"] and again["path"] == fresh["path"]  # the same point: done already
+    monkeypatch.setattr(operator, "PROCESS_DATA", {})
+    other = run_inprocess([*base, "skip_done=false", f"input_cache={tmp_path / 'inputs'}"],
+                          tmp_path / "b")  # fmt: skip
+    assert other["id"] == fresh["id"] and other["metrics"]["mse"] == fresh["metrics"]["mse"]
+    assert other["metrics"]["data"]["cache"].startswith(str(tmp_path / "inputs"))
