@@ -16,6 +16,10 @@ compiled kernels are paid once per GPU instead of once per job; with ``reuse_wor
 serves one job and exits, and the next job gets a new process (slower, but nothing a job leaves
 behind, leaked GPU memory or module state, can reach the next one).
 
+Each worker is also pinned to its own block of the launcher's CPUs (``cpus_per_worker``, default
+``auto``: an even split; its OpenMP/MKL/OpenBLAS pools sized to the block), so jobs that work on
+the host (building inputs) do not fight over the same cores; the ledger names each job's CPUs.
+
 Between two jobs a reused worker puts back the working directory, the environment variables, the
 logging setup (handlers a job added are closed, levels restored) and the warnings filters, and
 frees PyTorch's cached GPU memory; each job gets Hydra's state, config and job number as in
@@ -134,25 +138,32 @@ def cpu_sets(
     worker gets one, shared round-robin); an integer n gives each worker n of them and refuses more
     than there are; None pins nothing (every job sees every CPU, and their thread pools compete).
     """
-    if cpus_per_worker is None:
+    if _check_cpus_per_worker(cpus_per_worker) is None:
         return None
     cpus = sorted(available)
     if cpus_per_worker == "auto":
         n = len(cpus) // workers
         if n == 0:
             return [[cpus[i % len(cpus)]] for i in range(workers)]
-    elif isinstance(cpus_per_worker, int) and not isinstance(cpus_per_worker, bool):
+    else:
         n = cpus_per_worker
-        if n < 1 or n * workers > len(cpus):
+        if n * workers > len(cpus):
             raise ValueError(
                 f"node_gpus: cpus_per_worker={n} for {workers} workers needs {n * workers} "
                 f"CPUs, and this launcher may use {len(cpus)}"
             )
-    else:
-        raise ValueError(
-            f"node_gpus: cpus_per_worker={cpus_per_worker!r} must be auto, null or an integer >= 1"
-        )
     return [cpus[i * n : (i + 1) * n] for i in range(workers)]
+
+
+def _check_cpus_per_worker(value: int | str | None) -> int | str | None:
+    """``value`` if it is ``"auto"``, None or an integer >= 1; else ValueError naming it."""
+    if value in (None, "auto"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"node_gpus: cpus_per_worker={value!r} must be auto, null or an integer >= 1"
+        )
+    return value
 
 
 def _own_cpus(cpus_per_worker: int | str | None) -> list[int]:
@@ -275,16 +286,7 @@ class NodeGpusLauncher(Launcher):
         if isinstance(jobs_per_gpu, bool) or not isinstance(jobs_per_gpu, int) or jobs_per_gpu < 1:
             raise ValueError(f"node_gpus: jobs_per_gpu={jobs_per_gpu!r} must be an integer >= 1")
         self.jobs_per_gpu = jobs_per_gpu
-        if cpus_per_worker not in (None, "auto") and (
-            isinstance(cpus_per_worker, bool)
-            or not isinstance(cpus_per_worker, int)
-            or cpus_per_worker < 1
-        ):
-            raise ValueError(
-                f"node_gpus: cpus_per_worker={cpus_per_worker!r} must be auto, null or an "
-                "integer >= 1"
-            )
-        self.cpus_per_worker = cpus_per_worker
+        self.cpus_per_worker = _check_cpus_per_worker(cpus_per_worker)
         self.gpus = None if gpus is None else (gpus if isinstance(gpus, str) else list(gpus))
         self.reuse_workers = reuse_workers
         self.poll_s = poll_s
