@@ -6,10 +6,15 @@ requested device and dtype, plus a small description for the record.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 from pathlib import Path
 
 import torch
 
+from . import synthetic
 from .synthetic import spec_from_cfg, synthetic_qkv
 
 Layer = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -95,12 +100,6 @@ def load_layers(
 def synthetic_cache_key(spec, dtype: torch.dtype) -> str:
     """What a saved synthetic input depends on: every knob of the spec, the dtype, the generator's
     source code and torch's version (its random streams); a change of any gives a new file."""
-    import dataclasses
-    import hashlib
-    import json
-
-    from . import synthetic
-
     h = hashlib.sha256()
     h.update(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
     h.update(str(dtype).encode() + torch.__version__.encode())
@@ -115,8 +114,6 @@ def cached_synthetic(
     if absent (written under a temporary name and renamed, so concurrent jobs never read a partial
     file). Returns the tensors, the file and whether it was there already. A file that cannot be
     read raises ``ValueError`` naming it."""
-    import os
-
     path = folder / f"synthetic_L{spec.L}_{synthetic_cache_key(spec, dtype)}.pt"
     if path.exists():
         try:
