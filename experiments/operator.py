@@ -10,6 +10,7 @@ speedups Full / total and Full / attention, all measured in the same process (``
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 from tqdm.auto import tqdm
@@ -91,6 +92,16 @@ def latency(method: str, knobs: dict, layer: Layer, device: torch.device, timing
     }
 
 
+def file_stamp(path: str) -> tuple[int, int, int]:
+    """Size, modification time (ns) and inode of a data file; all -1 if it is missing (the load
+    that follows names it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def evaluate(resolved: dict, data_cache: dict | None = None) -> dict:
     """Metrics of one operator point; ``data_cache`` lets a sweep reuse inputs and references."""
     device, dtype = torch.device(resolved["device"]), getattr(torch, resolved["dtype"])
@@ -98,7 +109,10 @@ def evaluate(resolved: dict, data_cache: dict | None = None) -> dict:
     resolve_knobs(method, knobs)  # a bad knob fails before the inputs are built or captured
     resolve_knobs("full", full_knobs(knobs))
     check_memory(resolved)
-    data_key = json.dumps([resolved["data"], resolved.get("model"), resolved["device"],
+    data = resolved["data"]
+    # a saved file rewritten between two points of one process is new data, not the cached one
+    stamp = list(file_stamp(data["path"])) if data["source"] == "file" else None
+    data_key = json.dumps([data, stamp, resolved.get("model"), resolved["device"],
                            resolved["dtype"]], sort_keys=True)  # fmt: skip
     cache = data_cache if data_cache is not None else {}
     if cache.get("key") != data_key:

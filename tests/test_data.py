@@ -194,3 +194,21 @@ def test_input_cache_is_not_part_of_a_points_identity(tmp_path, monkeypatch):
                           tmp_path / "b")  # fmt: skip
     assert other["id"] == fresh["id"] and other["metrics"]["mse"] == fresh["metrics"]["mse"]
     assert other["metrics"]["data"]["cache"].startswith(str(tmp_path / "inputs"))
+
+
+def test_a_rewritten_data_file_is_not_served_from_the_process_cache(tmp_path, monkeypatch):
+    """Two points of one process on data=file: a file rewritten between them is read again."""
+    from safetensors.torch import save_file
+
+    from experiments import operator
+
+    monkeypatch.setattr(operator, "PROCESS_DATA", {})
+    path = tmp_path / "t.safetensors"
+    base = ["method=s2o", "data=file", f"data.path={path}", "timing.enabled=false",
+            "device=cpu", "S=256", "skip_done=false"]  # fmt: skip
+    mse = []
+    for seed in (0, 1):
+        q, k, v = synthetic_qkv(SyntheticSpec(L=512, heads_q=2, heads_kv=1, head_dim=16, seed=seed))
+        save_file({"q.0": q, "k.0": k, "v.0": v}, str(path))
+        mse.append(run_inprocess(base, tmp_path / f"r{seed}")["metrics"]["mse"])
+    assert mse[0] != mse[1]
