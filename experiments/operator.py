@@ -10,7 +10,6 @@ speedups Full / total and Full / attention, all measured in the same process (``
 from __future__ import annotations
 
 import json
-import os
 
 import torch
 from tqdm.auto import tqdm
@@ -19,7 +18,13 @@ from eval.data import Layer, load_layers
 from s2o import METHODS, sparse_attention
 from s2o.methods import resolve_knobs
 
-from .common import JobContext, WandbLogger, check_memory
+from .common import (
+    JobContext,
+    WandbLogger,
+    check_memory,
+    data_fingerprint,
+    model_fingerprint,
+)
 from .timing import bench_ms
 
 
@@ -92,16 +97,6 @@ def latency(method: str, knobs: dict, layer: Layer, device: torch.device, timing
     }
 
 
-def file_stamp(path: str) -> tuple[int, int, int]:
-    """Size, modification time (ns) and inode of a data file; all -1 if it is missing (the load
-    that follows names it)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (-1, -1, -1)
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
-
-
 def evaluate(resolved: dict, data_cache: dict | None = None) -> dict:
     """Metrics of one operator point; ``data_cache`` lets a sweep reuse inputs and references."""
     device, dtype = torch.device(resolved["device"]), getattr(torch, resolved["dtype"])
@@ -109,11 +104,11 @@ def evaluate(resolved: dict, data_cache: dict | None = None) -> dict:
     resolve_knobs(method, knobs)  # a bad knob fails before the inputs are built or captured
     resolve_knobs("full", full_knobs(knobs))
     check_memory(resolved)
-    data = resolved["data"]
-    # a saved file rewritten between two points of one process is new data, not the cached one
-    stamp = list(file_stamp(data["path"])) if data["source"] == "file" else None
-    data_key = json.dumps([data, stamp, resolved.get("model"), resolved["device"],
-                           resolved["dtype"]], sort_keys=True)  # fmt: skip
+    # the files' content too (as in a record's identity): a data file, text or weights rewritten
+    # between two points of one process are new inputs, not the cached ones
+    data_key = json.dumps([resolved["data"], data_fingerprint(resolved), resolved.get("model"),
+                           model_fingerprint(resolved), resolved["device"], resolved["dtype"]],
+                          sort_keys=True)  # fmt: skip
     cache = data_cache if data_cache is not None else {}
     if cache.get("key") != data_key:
         cache.clear()
