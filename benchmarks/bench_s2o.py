@@ -41,6 +41,7 @@ from s2o.kernels import (  # noqa: E402
 )
 from s2o.kernels.launch import resolve_launch  # noqa: E402
 from s2o.kernels.s2o_attention import (  # noqa: E402
+    SUBTILE_CHECK,
     SUBTILE_CHECKS,
     _s2o_fused_kernel,
     _s2o_pass2_kernel,
@@ -60,7 +61,7 @@ class Setup:
     launch: dict = field(default_factory=dict)
     stop_chunk: tuple | None = None
     step1_kw: dict = field(default_factory=dict)
-    subtile_check: int = 0
+    subtile_check: int = SUBTILE_CHECK
 
     @property
     def geo(self):
