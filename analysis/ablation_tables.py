@@ -3,8 +3,8 @@
     python analysis/ablation_tables.py [--results results] [--latest] [--out FILE]
 
 Reads the records of experiment=hparams_tau, hparams_S and component_ablation (and their
-``*_gemma3_270m_8k`` runs on real captured attention, when pinned) pinned in
-``results/manifest.yaml`` (``--latest``: the newest ok record of each instead) and writes
+``*_gemma3_270m_8k`` and ``*_gemma3_270m_32k`` runs on real captured attention, when pinned)
+pinned in ``results/manifest.yaml`` (``--latest``: the newest ok record of each instead) and writes
 ``outputs/analysis/ablations.md`` (git-ignored). ``python analysis/pin.py`` rebuilds the published
 ``results/figures/ablations.md``. Rows of sweep points reused from other code or data
 (``reuse_stale=true``) are marked "(stale)".
@@ -108,17 +108,26 @@ def component_table(
     )
 
 
-# the same ablations on real captured attention (a 270M model at 8K; CPU reference paths)
-CAPTURED = (
-    "hparams_tau_gemma3_270m_8k",
-    "hparams_S_gemma3_270m_8k",
-    "component_ablation_gemma3_270m_8k",
+# the same ablations on real captured attention: Gemma 3 270M at 8K (CPU reference paths) and at
+# 32K, its longest context (GPU kernels); each group: (heading, hparams names, component name)
+CAPTURED_GROUPS = (
+    (
+        "Gemma 3 270M, 8K, CPU reference paths",
+        ("hparams_tau_gemma3_270m_8k", "hparams_S_gemma3_270m_8k"),
+        "component_ablation_gemma3_270m_8k",
+    ),
+    (
+        "Gemma 3 270M, 32K, GPU kernels",
+        ("hparams_tau_gemma3_270m_32k", "hparams_S_gemma3_270m_32k"),
+        "component_ablation_gemma3_270m_32k",
+    ),
 )
+CAPTURED = tuple(n for _, hp, comp in CAPTURED_GROUPS for n in (*hp, comp))
 
 
 def document(results: Path, use_latest: bool = False) -> str:
     """The published ``ablations.md``: the paper's two tables with ours beside them, then the
-    same on real captured attention when any of :data:`CAPTURED` has a record."""
+    same on real captured attention for each of :data:`CAPTURED_GROUPS` with a record."""
     text = (
         "## Hyperparameter ablations (paper: Qwen3-8B, 128K)\n\n"
         + hparams_table(results, use_latest)
@@ -126,12 +135,14 @@ def document(results: Path, use_latest: bool = False) -> str:
         + component_table(results, use_latest)
         + "\n"
     )
-    if any(record_for(results, n, use_latest) is not None for n in CAPTURED):
+    for heading, hparams, component in CAPTURED_GROUPS:
+        if all(record_for(results, n, use_latest) is None for n in (*hparams, component)):
+            continue
         text += (
-            "\n## The same on real attention: Gemma 3 270M, 8K (the paper's numbers are above)\n\n"
-            + hparams_table(results, use_latest, names=CAPTURED[:2], paper=False)
+            f"\n## The same on real attention: {heading} (the paper's numbers are above)\n\n"
+            + hparams_table(results, use_latest, names=hparams, paper=False)
             + "\n\n"
-            + component_table(results, use_latest, name=CAPTURED[2], paper=False)
+            + component_table(results, use_latest, name=component, paper=False)
             + "\n"
         )
     return text

@@ -25,7 +25,9 @@ EXPERIMENTS = (
     "hparams_tau", "hparams_S", "component_ablation", "fig4a_mse_vs_sparsity",
     "calibration_check_real", "calibration_check_calibrated", "calibration_check_default",
     "fig4a_gemma3_270m_8k", "fig4a_smollm2_135m_8k", "hparams_tau_gemma3_270m_8k",
-    "hparams_S_gemma3_270m_8k", "component_ablation_gemma3_270m_8k",
+    "hparams_S_gemma3_270m_8k", "component_ablation_gemma3_270m_8k", "fig4a_gemma3_270m_32k",
+    "hparams_tau_gemma3_270m_32k", "hparams_S_gemma3_270m_32k",
+    "component_ablation_gemma3_270m_32k",
 )  # fmt: skip
 HEADER = """\
 # The records behind the published tables and figures in results/figures/ (paths relative to

@@ -40,12 +40,14 @@ def test_ablation_tables_put_ours_next_to_the_paper(results, tmp_path):
 
 
 def test_ablations_on_captured_attention_follow_without_paper_columns(results):
-    """The *_gemma3_270m_8k ablations get their own tables after the paper's, with no paper
-    columns (the paper has no such S at 8K); the paper's tables above keep theirs."""
+    """The Gemma 8K and 32K ablations get their own tables after the paper's, one group each,
+    with no paper columns (the paper has no such S or length); the paper's tables keep theirs."""
     text = ablation_tables.document(results, use_latest=True)
-    paper_part, captured = text.split("## The same on real attention")
-    assert "sparsity (paper)" in paper_part and "sparsity (paper)" not in captured, text
-    assert "hparams_tau_gemma3_270m_8k" in captured and "| with_qperm |" in captured, captured
+    paper_part, at_8k, at_32k = text.split("## The same on real attention")
+    assert "sparsity (paper)" in paper_part, text
+    for part, L in ((at_8k, "8k"), (at_32k, "32k")):
+        assert "sparsity (paper)" not in part, part
+        assert f"hparams_tau_gemma3_270m_{L}" in part and "| with_qperm |" in part, part
     assert "no ok record" not in text
 
 
