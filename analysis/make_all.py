@@ -449,7 +449,8 @@ def fig4b(ctx: Ctx) -> Section:
     rec0 = found["s2o"][0]
     ax.set_ylabel(f"ms, one layer, L={rec0['config']['data']['L']}")
     ax.set_ylim(0, df["total ms"].max() * 1.35)
-    ax.set_title(f"{_data(rec0)}, {device_label(rec0['environment'])}", fontsize=7)
+    cal = "CALIBRATED " if _calibrated(ctx, rec0["config"]["data"]) else ""
+    ax.set_title(f"{cal}{_data(rec0)}, {device_label(rec0['environment'])}", fontsize=7)
     ax.legend(fontsize=6, loc="upper right")
     sec.files.append(save(fig, ctx.out / "fig4b_attention_speedup.png"))
     fmt = {
