@@ -338,8 +338,8 @@ def _fig4a_differs(ctx: Ctx, rec: dict, df: pd.DataFrame | None) -> str:
         )
     else:
         what = (
-            "the synthetic generator with uncalibrated knobs: about half of a late row's mass is "
-            "a near-uniform background no method can skip"
+            f"the synthetic generator with knobs other than the calibration fit's (sink "
+            f"{data['sink']}, background {data['background']}), not a model's attention"
         )
     return f"- {_fig4a_input(ctx, rec)} ({where}): {what}; {got}."
 

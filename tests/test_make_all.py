@@ -57,6 +57,32 @@ def test_make_all_rebuilds_the_committed_page_and_is_deterministic(built, monkey
         assert any(s.slug == slug and s.sources for s in sections), slug
 
 
+def test_differs_notes_name_the_input_the_pinned_records_ran_on(tmp_path, monkeypatch):
+    """Fig. 4a's and Fig. 4b's notes come from the records: a 128K record whose knobs are the
+    calibration fit's is named calibrated; pinned to a record of other knobs, the same section
+    says so, with that record's ratios, and no longer calls the input calibrated."""
+    results = _copy_results(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+
+    def ctx():
+        manifest = yaml.safe_load((results / "manifest.yaml").read_text())
+        return make_all.Ctx(results, tmp_path / "out", manifest, make_all.paper_numbers())
+
+    text = "\n".join(make_all.fig4a(ctx()).body)
+    assert "calibrated synthetic input (`eval/synthetic.py`), L=131072" in text, text
+    assert "1.41x to 1.55x" in text, text  # the pinned record's own ratio range
+    assert "calibrated synthetic input" in make_all.fig4b(ctx()).body[-1]
+    manifest = yaml.safe_load((results / "manifest.yaml").read_text())
+    old = "experiments/fig4a_mse_vs_sparsity/70b28823a404/record.json"  # default knobs, H200
+    manifest["experiments"]["fig4a_mse_vs_sparsity"] = old
+    (results / "manifest.yaml").write_text(yaml.safe_dump(manifest))
+    text = "\n".join(make_all.fig4a(ctx()).body)
+    assert "synthetic (uncalibrated knobs) input" in text, text
+    assert "knobs other than the calibration fit's (sink 12.0, background 0.5)" in text, text
+    assert "calibrated synthetic input (`eval" not in text, text
+
+
 def test_missing_records_give_a_line_not_a_failure(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
