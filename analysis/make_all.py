@@ -302,6 +302,21 @@ def _calibrated(ctx: Ctx, data: dict) -> bool:
     return bool(fit) and all(data.get(k) == v for k, v in fit["knobs"].items())
 
 
+def _input(ctx: Ctx, rec: dict) -> str:
+    """A record's input for the Differs notes: which model's captured attention, or which
+    synthetic input (the calibrated one, or its knobs)."""
+    data = rec["config"]["data"]
+    if data["source"] == "model":
+        name = rec["config"]["model"]["name"]
+        return f"{name}'s captured attention ({data['text']}, L={data['L']})"
+    if _calibrated(ctx, data):
+        return f"the calibrated synthetic input (L={data['L']})"
+    return (
+        f"the synthetic generator with knobs other than the calibration fit's (sink "
+        f"{data['sink']}, background {data['background']}), L={data['L']}"
+    )
+
+
 def _fig4a_input(ctx: Ctx, rec: dict) -> str:
     """What the record's operator ran on, from its config."""
     data = rec["config"]["data"]
@@ -324,24 +339,7 @@ def _fig4a_differs(ctx: Ctx, rec: dict, df: pd.DataFrame | None) -> str:
         if ratios
         else "no target reached by S2O and a baseline"
     )
-    data, where = rec["config"]["data"], device_label(rec["environment"])
-    if data["source"] == "model":
-        what = (
-            f"real attention of {rec['config']['model']['name']} (a small model) at "
-            f"L={data['L']}, not Llama-3.1-8B at 128K"
-        )
-    elif _calibrated(ctx, data):
-        what = (
-            "the calibrated synthetic input: knobs fitted to a 135M model's captured attention at "
-            "4K and extrapolated to the paper's shape (the calibration check below says how "
-            "closely it ranks the methods as real attention does), not Llama-3.1-8B's attention"
-        )
-    else:
-        what = (
-            f"the synthetic generator with knobs other than the calibration fit's (sink "
-            f"{data['sink']}, background {data['background']}), not a model's attention"
-        )
-    return f"- {_fig4a_input(ctx, rec)} ({where}): {what}; {got}."
+    return f"- {_input(ctx, rec)} on {device_label(rec['environment'])}: {got}."
 
 
 def fig4a(ctx: Ctx) -> Section:
@@ -377,7 +375,10 @@ def fig4a(ctx: Ctx) -> Section:
         f"the best baseline at matched sparsity, {ctx.paper['claims']['density_ratio_matched_mse']}"
         "x lower density at matched MSE (Llama-3.1-8B, 128K, LongBench v2).",
         "**Differs:** each record above is another model, input or GPU than the paper's "
-        "(Llama-3.1-8B on LongBench v2 at 128K, A100), and its ratios are its own:",
+        "(Llama-3.1-8B on LongBench v2 at 128K, A100), and its ratios are its own. The captured "
+        "records are small models' real attention; a synthetic input is no model's attention "
+        "(the calibration check below says how closely the calibrated one, fitted to a 135M "
+        "model's attention at 4K, ranks the methods as real attention does):",
         "",
         *differs,
     ]
@@ -477,13 +478,6 @@ def fig4b(ctx: Ctx) -> Section:
 def _fig4b_differs(ctx: Ctx, rec0: dict, df: pd.DataFrame) -> str:
     """The Fig. 4b note: the input and GPU, and how far apart the methods' sparsities and errors
     are at their default knobs (from the table's rows)."""
-    data = rec0["config"]["data"]
-    if data["source"] == "model":
-        what = f"{rec0['config']['model']['name']}'s captured attention"
-    elif _calibrated(ctx, data):
-        what = "the calibrated synthetic input (see the calibration check)"
-    else:
-        what = "the synthetic generator with uncalibrated knobs"
     base = df[~df["method"].isin(["s2o", "full"])]
     s2o = df[df["method"] == "s2o"].iloc[0]
     spread = (
@@ -495,7 +489,7 @@ def _fig4b_differs(ctx: Ctx, rec0: dict, df: pd.DataFrame) -> str:
         else ""
     )
     return (
-        f"**Differs:** {what}, L={data['L']}, not Llama-3.1-8B's attention; "
+        f"**Differs:** {_input(ctx, rec0)}, not Llama-3.1-8B's attention; "
         f"{device_label(rec0['environment'])}, not an A100.{spread}"
     )
 
@@ -633,21 +627,9 @@ def ablations(ctx: Ctx) -> Section:
 
 def _ablations_differs(ctx: Ctx, recs: dict) -> str:
     """The ablations' note, from the pinned records: what each table ran on, and where."""
-
-    def on(rec: dict) -> str:
-        data, env = rec["config"]["data"], rec["environment"]
-        if data["source"] == "model":
-            what = (
-                f"{rec['config']['model']['name']}'s captured attention ({data['text']}, "
-                f"L={data['L']})"
-            )
-        elif _calibrated(ctx, data):
-            what = f"the calibrated synthetic input (L={data['L']})"
-        else:
-            what = f"the synthetic generator with uncalibrated knobs (L={data['L']})"
-        return f"{what} on {device_label(env)}"
-
-    lines = sorted({on(r) for r in recs.values() if r is not None})
+    lines = sorted(
+        {f"{_input(ctx, r)} on {device_label(r['environment'])}" for r in recs.values() if r}
+    )
     return (
         "**Differs:** the paper ran Qwen3-8B's attention at 128K (one representative head in the "
         "component ablation); ours ran on " + "; ".join(lines) + ", over all heads. The captured "
