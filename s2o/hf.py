@@ -250,6 +250,9 @@ class SparsePrefill:
         self._device = next(model.parameters()).device
         self._clock = _Clock(self._device)
         self._forward: PrefillStats | None = None
+        self._forward_start = None
+        self._forward_calls = 0
+        self._in_forward = False
         self._selected = set(layers)
 
     @property
@@ -283,28 +286,38 @@ class SparsePrefill:
 
     # -- called by the model ----------------------------------------------------------------
 
+    def _start_forward(self) -> None:
+        """A model forward begins (prefill or decode: its first attention call tells)."""
+        self._forward = None
+        self._forward_start = self._clock.mark() if self.timing else None
+        self._forward_calls = 0
+        self._in_forward = True
+
     def _begin_forward(self, batch: int, length: int) -> None:
+        start = self._forward_start if self._in_forward else None
+        if start is None and self.timing and not self._in_forward:
+            start = self._clock.mark()
         self._forward = PrefillStats(self.method.name, dict(self.method.config), batch, length)
-        self._forward._marks = (self._clock.mark() if self.timing else None, None)
+        self._forward._marks = (start, None)
         self.prefills.append(self._forward)
 
     def _end_forward(self) -> None:
         p, self._forward = self._forward, None
-        if p is None:
-            return
-        if not p.layers:
+        calls, self._forward_calls, self._in_forward = self._forward_calls, 0, False
+        if calls == 0:
             raise RuntimeError(
-                f"sparse_prefill: a prefill of {type(self.model).__name__} ran without calling the "
+                f"sparse_prefill: a forward of {type(self.model).__name__} ran without calling the "
                 f"'{ATTN_NAME}' attention: the model does not dispatch through transformers' "
                 "AttentionInterface, so no method ran"
             )
-        if self.timing and p._marks[0] is not None:
+        if p is not None and self.timing and p._marks[0] is not None:
             p._marks = (p._marks[0], self._clock.mark())
 
     def _attend(self, module, layer: int, query, key, value, attention_mask, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         q_len, k_len = query.shape[-2], key.shape[-2]
+        self._forward_calls += 1
         if q_len != k_len:
             if q_len > 1:
                 raise NotImplementedError(
@@ -317,7 +330,7 @@ class SparsePrefill:
         reason = self._dense_reason(layer, q_len)
         if reason is None:
             self._check_sparse_call(layer, attention_mask, kwargs)
-        if self._forward is None:  # a forward the model-level hook did not see (e.g. a submodule)
+        if self._forward is None:  # the first attention call of a prefill (q_len = k_len)
             self._begin_forward(query.shape[0], q_len)
         t0 = self._clock.mark() if self.timing else None
         if reason is not None:
@@ -561,17 +574,11 @@ def _check_model(model) -> None:
 
 
 def _pre_forward(run: SparsePrefill):
-    """Model-level hook: a forward with more than one new token and no past is a prefill."""
+    """Model-level hook: marks the start of a forward. Whether it is a prefill is decided by the
+    first attention call (query length = key length), never by the forward's keyword names (which
+    change between transformers releases: ``past_key_values`` in 5.17, ``cache`` in 5.24)."""
 
     def hook(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            ids = kwargs.get("inputs_embeds")
-        past = kwargs.get("past_key_values")
-        has_past = (
-            past is not None and hasattr(past, "get_seq_length") and past.get_seq_length() > 0
-        )
-        if ids is not None and not has_past:
-            run._begin_forward(int(ids.shape[0]), int(ids.shape[1]))
+        run._start_forward()
 
     return hook

@@ -12,6 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from s2o.hf import ATTN_NAME, sparse_prefill  # noqa: E402
 
+pytestmark = pytest.mark.models  # re-run on the oldest accepted transformers (.ci/run)
+
 VOCAB = 97
 SMALL = dict(segment_len=64, block_m=16, block_n=16)
 KNOBS = {  # every method at tiles small enough for L ~ 200 to have something to skip
