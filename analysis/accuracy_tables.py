@@ -26,6 +26,7 @@ import pandas as pd
 from analysis.records import SCRATCH, paper_numbers
 from analysis.tables import markdown
 from eval.significance import compare_paired, score_interval
+from eval.tokenizers import faulty_tokenizer
 
 ORDER = ("full", "s2o", "flexprefill", "xattn", "pbs")  # rows and figure series, others after
 MAIN_KNOB = {"s2o": "tau", "flexprefill": "gamma", "xattn": "threshold", "pbs": "threshold"}
@@ -163,6 +164,15 @@ def weights(model: dict) -> str:
     return model.get("gguf_file") or model["name"]
 
 
+def tokenizer_note(rec: dict) -> str | None:
+    """Why a record's prompts were mis-tokenized (a GGUF tokenizer built wrong by the
+    transformers release it ran with, before verification existed), or ``None``."""
+    if ((rec.get("metrics") or {}).get("tokenizer") or {}).get("verified"):
+        return None
+    model = rec["config"].get("model") or {}
+    return faulty_tokenizer(model.get("gguf_file"), rec["environment"].get("transformers"))
+
+
 def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> str:
     """Markdown tables of one benchmark and model (every record of ``recs``); ``only``: the
     tasks to show (``"all"`` is the pooled cell), every one when None; ``level``: the heading
@@ -174,6 +184,11 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> st
     fulls = sorted((r for r in recs if r["method"] == "full"),
                    key=lambda r: r["environment"]["time"], reverse=True)  # fmt: skip
     out = [f"{'#' * level} {bench}, {model} ({weights(recs[0]['config']['model'])})", ""]
+    faulty = sorted({n for r in recs if (n := tokenizer_note(r))})
+    if faulty:
+        n_bad = sum(1 for r in recs if tokenizer_note(r))
+        out += [f"**Mis-tokenized prompts:** {n_bad} of these {len(recs)} records: "
+                + "; ".join(faulty) + ".", ""]  # fmt: skip
     papers = ", ".join(PAPER_MODELS.values())
     out.append(f"Paper's numbers: {paper['cite']}." if theirs else
                f"The model or its weights differ from the paper's ({papers}): no paper numbers "

