@@ -4,6 +4,7 @@ the target, answers extractable), seeding, the sample cache, and the QA data err
 from __future__ import annotations
 
 import json
+import random
 import re
 import sys
 from pathlib import Path
@@ -168,6 +169,103 @@ def test_cwe_counts(fmt):
     assert all(c == 1 for w, c in counts.items() if w not in s["outputs"])
 
 
+# ---------------------------------------------------------------- as published: turns, shuffles
+
+TURNS = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _chat_fmt() -> PromptFormat:
+    """A tokenizer with a ChatML-style chat template (SmolLM2's layout, without its system turn),
+    rendered as the accuracy job renders chat models."""
+    from eval.models import chat_prompt
+
+    tok = bpe_tokenizer()
+    tok.chat_template = TURNS
+    render = lambda text: chat_prompt(tok, text, {"name": "tiny", "chat": True})  # noqa: E731
+    return PromptFormat(tok, render=render, add_special_tokens=False)
+
+
+def test_cwe_example_is_its_own_chat_turns():
+    """RULER fills the whole model template for the solved example: with a chat template, the
+    example is a user turn and an assistant turn (answer prefix + its answer), then the question
+    is a second user turn and the generation prompt."""
+    fam = FAMILIES["cwe"]
+    s = generate("cwe", 2048, _chat_fmt(), n=1, seed=4)[0]
+    text = s["input"]
+    assert text.count("<|im_start|>user\n") == 2 and text.count("<|im_start|>assistant\n") == 2
+    example, question = text.split("\n<|im_start|>user\n")
+    shot_list, shot_answer = example.split("<|im_end|>\n<|im_start|>assistant\n")
+    assert shot_list.startswith("<|im_start|>user\nBelow is a numbered list of words.")
+    assert shot_list.endswith("Question: What are the 10 most common words in the above list?")
+    assert shot_answer.startswith(fam.answer_prefix + " 1. ")
+    shot_gold = re.findall(r"\d+\. (\S+)", shot_answer)
+    listed = re.findall(r"\d+\. (\S+)", shot_list)
+    assert len(shot_gold) == 10 and all(listed.count(w) == 3 for w in shot_gold)  # 20 words, 3x
+    assert question.startswith("Below is a numbered list of words.")
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert s["answer_prefix"] == fam.answer_prefix
+    assert s["prompt_tokens"] == len(_chat_fmt().encode(text + s["answer_prefix"]))
+    # the base template (render = identity): the example, a newline, the question
+    base = PromptFormat(bpe_tokenizer())
+    b = generate("cwe", 2048, base, n=1, seed=4)[0]["input"]
+    first, second = b.split(fam.answer_prefix + " 1. ")
+    assert first.startswith("Below is a numbered list of words.") and "<|" not in b
+    assert second.split("\n", 1)[1].startswith("Below is a numbered list of words.")
+
+
+def _perm(seed: int, n: int) -> list[int]:
+    """RULER's ``random.Random(random_seed).shuffle`` of ``n`` items: item ``p[r]`` lands at
+    ``r``."""
+    p = list(range(n))
+    random.Random(seed).shuffle(p)
+    return p
+
+
+def test_niah_needles_in_the_fixed_seed_order(fmt, essays):
+    """The 4 values' needles of niah_multivalue come in the order of RULER's fixed-seed shuffle in
+    every sample (the values themselves differ)."""
+    samples = generate("niah_multivalue", 1024, fmt, n=5, seed=5, data={"essays_dir": essays})
+    p = _perm(5, 4)
+    assert p != sorted(p)  # this seed's permutation is not the identity: the test can tell
+    for s in samples:
+        order = sorted(range(4), key=lambda j: s["input"].index(s["outputs"][j]))
+        assert order == p, (order, p)
+    assert len({tuple(s["outputs"]) for s in samples}) == len(samples)
+
+
+def test_cwe_common_words_at_the_fixed_seed_positions(fmt):
+    """cwe's list is shuffled with RULER's fixed-seed generator: the common words take the same
+    positions in every sample (at one list size), the ones the seed's permutation gives them."""
+    seed = 4
+    samples = generate("cwe", 2048, fmt, n=4, seed=seed)
+    for s in samples:
+        main = s["input"].rsplit("Below is a numbered list of words.", 1)[1]
+        words = re.findall(r"\d+\. (\S+)", main.split("\nQuestion:")[0])
+        p = _perm(seed, len(words))
+        common = {r for r in range(len(words)) if p[r] < 10 * 6}  # the first 60: 10 words x 6
+        assert {r for r, w in enumerate(words) if w in s["outputs"]} == common
+    assert len({tuple(s["outputs"]) for s in samples}) == len(samples)
+
+
+def test_fwe_ranks_at_the_fixed_seed_positions(fmt):
+    """fwe's word list is shuffled with RULER's fixed-seed generator: the noise word (rank 1)
+    takes the same positions in every sample; the coded words differ."""
+    from eval.tasks.ruler.fwe import zeta
+
+    seed = 4
+    samples = generate("fwe", 2048, fmt, n=3, seed=seed)
+    for s in samples:
+        words = s["input"].split("coded words. ", 1)[1].split("\nQuestion:")[0].split()
+        top = int(s["haystack_size"] / zeta(2.0))
+        p = _perm(seed, len(words))
+        noise = {r for r, w in enumerate(words) if w == "..."}
+        assert noise == {r for r in range(len(words)) if p[r] < top}
+    assert len({tuple(s["outputs"]) for s in samples}) == len(samples)
+
+
 def test_too_short_raises(fmt):
     with pytest.raises(ValueError, match="vt: even the smallest haystack"):
         generate("vt", 512, fmt, n=1, seed=4)  # the one-shot example alone is ~500 tokens here
@@ -212,9 +310,9 @@ def test_cache_keyed_and_reused(fmt, tmp_path, monkeypatch):
 # ---------------------------------------------------------------- QA
 
 
-def _squad(path):
+def _squad(path, articles=3):
     arts = []
-    for a in range(3):
+    for a in range(articles):
         pars = []
         for p in range(3):
             ctx = f"Article {a} paragraph {p}. The capital of land {a}{p} is City{a}{p}."
@@ -274,6 +372,18 @@ def test_qa_from_official_files(fmt, tmp_path):
             assert ruler_score("string_match_part", f"It is {gold_of(i)}.", s["outputs"]) == 1.0
 
 
+def test_qa_gold_document_at_the_fixed_seed_position(fmt, tmp_path):
+    """qa's documents (gold first) are shuffled with RULER's fixed-seed generator: the gold
+    document of every sample is document ``p.index(0) + 1``."""
+    _squad(tmp_path / "dev.json", articles=12)  # 36 paragraphs: more than fit in 700 tokens
+    seed = 3
+    samples = generate("qa_1", 700, fmt, n=4, seed=seed, data={"squad": str(tmp_path / "dev.json")})
+    for s in samples:
+        assert s["haystack_size"] < 36
+        gold = re.search(rf"Document (\d+):\n[^\n]*{s['outputs'][0]}\.", s["input"]).group(1)
+        assert int(gold) == _perm(seed, s["haystack_size"]).index(0) + 1
+
+
 def test_qa_missing_data_names_file(fmt, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # no hub either
     with pytest.raises(FileNotFoundError, match="dev-v2.0.json"):
@@ -300,6 +410,7 @@ def test_default_essays_dir_follows_s2o_cache(monkeypatch, tmp_path):
     from eval.tasks.ruler.common import default_essays_dir
 
     asked = []
+
     def fake(pkg, module, sub, cache, note=""):
         asked.append(cache)
         return cache

@@ -9,6 +9,13 @@ answer prefixes, needle formats, depths, tokens to generate and metrics.
 Length = tokens of ``input + answer_prefix`` (``input`` already has the model's template) plus the
 task's tokens to generate, at most the target, as in RULER. One sample per index; sample ``i``
 depends only on (task, length, tokenizer and template, seed), so every method sees the same ones.
+
+Randomness follows RULER's two sources. What RULER draws from its module-level ``random`` (seeded
+once with ``--random_seed``, continuing from sample to sample) each generator draws from one stream
+seeded with ``seed``, sample after sample. What RULER shuffles with a fresh
+``random.Random(random_seed)`` (niah's needles, cwe's word lists, fwe's vocabulary and word list,
+qa's documents) is shuffled by ``common.fixed_shuffle``: the same permutation for every sample.
+vt has no such shuffle. Each task module's docstring says which of its draws is which.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from .templates import FAMILIES, TASKS, family_of
 
 __all__ = ["GENERATOR_VERSION", "PromptFormat", "TASKS", "generate", "identity", "load_samples"]
 
-GENERATOR_VERSION = 1  # bump when a generator's output changes: cached samples are then rebuilt
+# bump when a generator's output changes: cached samples are then rebuilt. 2: RULER's fixed-seed
+# shuffles; cwe's solved example rendered as a prompt of its own (its own chat turns)
+GENERATOR_VERSION = 2
 
 
 def generate(

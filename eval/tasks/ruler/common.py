@@ -1,5 +1,6 @@
 """What every RULER generator shares: the prompt format (tokenizer + chat template), the length fit,
-the seeded random source, and the word and essay sources."""
+the seeded random sources (the per-sample stream, RULER's fixed-seed shuffle), and the word and
+essay sources."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ class PromptFormat:
     ``render(task_text)`` wraps the task text in the model's template (RULER's ``base`` template is
     the identity; an instruct model's chat template renders one user message and the generation
     prompt). The answer prefix is appended after ``render`` (inside the assistant turn, as RULER
-    does). Length = tokens of ``render(text) + answer_prefix`` encoded with ``add_special_tokens``
+    does). A task with solved examples renders each example as a prompt of its own (cwe: RULER
+    fills its model template once per example), so a chat model sees it as its own turns.
+    Length = tokens of ``render(text) + answer_prefix`` encoded with ``add_special_tokens``
     (False when ``render`` already writes the BOS token) plus the task's tokens to generate.
     ``name`` identifies tokenizer and template in cache keys; by default it is derived from the
     tokenizer's name, vocabulary size and the rendering of a probe string.
@@ -125,6 +128,14 @@ def fitted_draws(
 
         _, extra, tok, used = fit_sample(make, n_tokens, size, budget, step, what, min_size)
         yield index, extra, tok, used
+
+
+def fixed_shuffle(items: list, seed: int) -> None:
+    """Shuffle ``items`` in place with a generator seeded afresh with ``seed``, as RULER's
+    ``random.Random(args.random_seed).shuffle(...)``: the permutation depends only on ``seed`` and
+    ``len(items)``, so every sample of a (task, length, seed) gets the same one while the items
+    themselves (drawn from the sample's own stream) differ."""
+    random.Random(seed).shuffle(items)
 
 
 def sample_dict(index: int, text: str, prefix: str, outputs, tok: int, used: int, **more) -> dict:

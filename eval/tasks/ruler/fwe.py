@@ -1,6 +1,13 @@
 """RULER's frequent words extraction (``fwe``): random 6-letter "coded words" with counts following
 a zeta law (alpha 2); the most frequent is replaced by ``...`` (noise) and the answer is ranks 2-4
-(NVIDIA/RULER ``scripts/data/synthetic/freq_words_extraction.py``)."""
+(NVIDIA/RULER ``scripts/data/synthetic/freq_words_extraction.py``).
+
+Randomness, as RULER: each sample draws its coded words from its stream (RULER's module-level
+``random``); the sorted vocabulary (which fixes the ranks) and the text's word list are each
+shuffled with a fresh ``random.Random(seed)`` (:func:`~.common.fixed_shuffle`), the same
+permutations for every sample: at one size, the positions of each rank's occurrences are the same
+in every sample; only the coded words differ.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ import math
 import random
 import string
 
-from .common import PromptFormat, fit_size, fitted_draws, sample_dict
+from .common import PromptFormat, fit_size, fitted_draws, fixed_shuffle, sample_dict
 from .templates import FAMILIES
 
 
@@ -23,23 +30,23 @@ def zeta(alpha: float) -> float:
     return head + tail
 
 
-def _vocab(rng: random.Random, size: int, wordlen: int) -> list[str]:
+def _vocab(rng: random.Random, size: int, wordlen: int, seed: int) -> list[str]:
     vocab: set[str] = set()
     while len(vocab) < size:
         vocab.add("".join(rng.choices(string.ascii_lowercase, k=wordlen)))
     out = sorted(vocab)
-    rng.shuffle(out)
+    fixed_shuffle(out, seed)
     out[0] = "..."  # the top-ranked word is noise
     return out
 
 
-def make_task_text(args: dict, num_words: int, vocab: list[str], rng: random.Random) -> tuple:
+def make_task_text(args: dict, num_words: int, vocab: list[str], seed: int) -> tuple:
     alpha = args["alpha"]
     z = zeta(alpha)
     words = []
     for k, w in enumerate(vocab, start=1):
         words += [w] * int(num_words * k**-alpha / z)
-    rng.shuffle(words)
+    fixed_shuffle(words, seed)
     return FAMILIES["fwe"].template.format(context=" ".join(words)), vocab[1:4]
 
 
@@ -49,8 +56,8 @@ def generate(args: dict, length: int, fmt: PromptFormat, n: int, seed: int) -> l
     vocab_size = budget // 50
 
     def full(size: int, rng: random.Random) -> tuple[str, tuple]:
-        vocab = _vocab(rng, vocab_size, args["coded_wordlen"])
-        task, answer = make_task_text(args, size, vocab, rng)
+        vocab = _vocab(rng, vocab_size, args["coded_wordlen"], seed)
+        task, answer = make_task_text(args, size, vocab, seed)
         return fmt.render(task) + fam.answer_prefix, (task, answer)
 
     step = max(budget // 32, 1)

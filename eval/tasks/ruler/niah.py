@@ -1,6 +1,13 @@
 """RULER's needle-in-a-haystack family (8 tasks): noise, essay or needle haystacks; word, number or
 UUID keys and values; one or several needles, values and queries (NVIDIA/RULER
-``scripts/data/synthetic/niah.py``)."""
+``scripts/data/synthetic/niah.py``).
+
+Randomness, as RULER: keys, values, distractor needles, depths or line positions and the asked
+keys are drawn from the sample's stream (RULER's module-level ``random``, seeded once, continuing
+from sample to sample); the needles are shuffled with a fresh ``random.Random(seed)``
+(:func:`~.common.fixed_shuffle`), the same permutation for every sample (it matters for the
+multi-key, multi-value and multi-query tasks: which key's or value's needle comes first).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from .common import (
     essay_words,
     fit_size,
     fitted_draws,
+    fixed_shuffle,
     sample_dict,
     sorted_words,
     split_sentences,
@@ -47,7 +55,9 @@ def _singular(text: str) -> str:
     return text
 
 
-def make_task_text(args: dict, size: int, rng: random.Random, essays_dir: str | None) -> tuple:
+def make_task_text(
+    args: dict, size: int, rng: random.Random, seed: int, essays_dir: str | None
+) -> tuple:
     """One sample's task text (template filled, no answer prefix), answer prefix, answers and the
     needles' depths in percent (essay haystack) or line indices (noise/needle haystack)."""
     draw = _Draw(rng)
@@ -58,7 +68,7 @@ def make_task_text(args: dict, size: int, rng: random.Random, essays_dir: str | 
         keys.append(draw(tk))
         values.append([draw(tv) for _ in range(args["num_needle_v"])])
         needles += [NEEDLE.format(type_needle_v=tv, key=keys[-1], value=v) for v in values[-1]]
-    rng.shuffle(needles)
+    fixed_shuffle(needles, seed)
 
     haystack = args["type_haystack"]
     if haystack == "essay":
@@ -116,7 +126,7 @@ def generate(
         step = 5
 
     def tokens_at(size: int, rng: random.Random) -> tuple[int, tuple]:
-        out = make_task_text(args, size, rng, essays_dir)
+        out = make_task_text(args, size, rng, seed, essays_dir)
         return fmt.n_tokens(fmt.render(out[0]) + out[1]), out
 
     probe_tokens = tokens_at(step, random.Random(f"{seed}-fit"))[0]
@@ -124,7 +134,7 @@ def generate(
     size = fit_size(lambda s: tokens_at(s, random.Random(f"{seed}-fit"))[0], budget, step, guess)
 
     def build(s: int, rng: random.Random):
-        out = make_task_text(args, s, rng, essays_dir)
+        out = make_task_text(args, s, rng, seed, essays_dir)
         return fmt.render(out[0]) + out[1], out
 
     essay = args["type_haystack"] == "essay"

@@ -4,6 +4,12 @@ paragraph(s) hidden among distractor documents (NVIDIA/RULER ``scripts/data/synt
 Data: the official dev files (SQuAD v2 ``dev-v2.0.json``, HotpotQA
 ``hotpot_dev_distractor_v1.json``) from ``benchmark.data.squad`` / ``benchmark.data.hotpotqa``, or
 the same sets from the hub through ``datasets`` when those paths are not given.
+
+Randomness, as RULER: sample ``i`` asks question ``i``; its distractor documents are drawn from the
+sample's stream (RULER's module-level ``random``), and the chosen documents (gold first) are
+shuffled with a fresh ``random.Random(seed)`` (:func:`~.common.fixed_shuffle`), the same
+permutation for every sample: at one number of documents, the gold document of a SQuAD question
+lands at the same position in every sample.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-from .common import PromptFormat, fit_sample, fit_size
+from .common import PromptFormat, fit_sample, fit_size, fixed_shuffle
 from .templates import DOCUMENT, FAMILIES
 
 HOW_TO_GET = {
@@ -133,7 +139,7 @@ def _from_hub(dataset: str):
         ) from e
 
 
-def make_task_text(qa: dict, docs: list[str], num_docs: int, rng: random.Random) -> str:
+def make_task_text(qa: dict, docs: list[str], num_docs: int, rng: random.Random, seed: int) -> str:
     gold, more = qa["context"], qa["more_context"]
     if num_docs < len(docs):
         if num_docs - len(gold) > len(more):
@@ -145,7 +151,7 @@ def make_task_text(qa: dict, docs: list[str], num_docs: int, rng: random.Random)
         picked = [docs[i] for i in chosen]
     else:
         picked = (docs * (num_docs // len(docs) + 1))[:num_docs]
-    rng.shuffle(picked)
+    fixed_shuffle(picked, seed)
     context = "\n\n".join(DOCUMENT.format(i=i + 1, document=d) for i, d in enumerate(picked))
     return FAMILIES["qa"].template.format(context=context, query=qa["query"])
 
@@ -160,7 +166,7 @@ def generate(
     budget = length - fam.tokens_to_generate
 
     def full(i: int, size: int, rng: random.Random) -> str:
-        return fmt.render(make_task_text(qas[i], docs, size, rng)) + fam.answer_prefix
+        return fmt.render(make_task_text(qas[i], docs, size, rng, seed)) + fam.answer_prefix
 
     probe = fmt.n_tokens(full(0, 10, random.Random(f"{seed}-fit")))
     size = fit_size(

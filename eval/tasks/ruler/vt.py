@@ -1,7 +1,13 @@
 """RULER's variable tracking (``vt``): a chain ``VAR A = 12345``, ``VAR B = VAR A``, ... hidden in
 noise lines; the answer is every variable of the chain. A one-shot example with 3-letter names is
 prepended, its names and value redrawn per sample (NVIDIA/RULER
-``scripts/data/synthetic/variable_tracking.py``)."""
+``scripts/data/synthetic/variable_tracking.py``).
+
+Randomness, as RULER: no fixed-seed shuffle (RULER's vt has none); names, values, line positions
+and the example's renaming are all drawn from the sample's stream (RULER's module-level ``random``
+and ``numpy.random``, seeded once). The one-shot example goes inside the question's user turn, as
+RULER inserts it after the model template's opening.
+"""
 
 from __future__ import annotations
 
