@@ -14,6 +14,11 @@ prediction, gold, score, density overall and per layer, prefill and decode time)
 line cut by a kill is dropped and redone). Code, data or config changes give another run id, so
 stale samples are never reused. The job's metrics hold one cell per (task, length): accuracy
 (x100) with its 95% interval (Wilson for 0/1 scores, bootstrap otherwise), mean density, n.
+
+Refused before the model loads (:func:`check_job`, one line from run.py, exit code 2): an unknown
+benchmark or task, a length that is not a positive int or exceeds the model's context
+(:func:`model_context`), RULER without ``benchmark.n``. Ctrl-C ends the job with one line (samples
+saved, the command that resumes) and exit code 130; a rerun says how many samples it resumed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -37,13 +44,117 @@ from s2o.hf import sparse_prefill
 
 from .common import NOT_ACCURACY_IDENTITY, ConfigError, JobContext, WandbLogger, run_identity
 
+BENCHMARKS = ("ruler", "infinitebench", "longbench_v2")
+
 
 def record_path(resolved: dict) -> Path:
-    """``results/accuracy/<benchmark>/<model>/<method>/<id>/record.json`` (samples beside it)."""
+    """``results/accuracy/<benchmark>/<model>/<method>/<id>/record.json`` (samples beside it).
+    The job is checked first (:func:`check_job`): run.py asks for this path before it runs or
+    records anything, so a job that cannot run is refused there in one line."""
+    check_job(resolved)
     model = (resolved.get("model") or {}).get("name", "no_model")
     rid = run_identity(resolved, NOT_ACCURACY_IDENTITY)["id"]
     root = Path(resolved["results_dir"]) / "accuracy" / resolved["benchmark"]["name"]
     return root / model / resolved["method_name"] / rid / "record.json"
+
+
+def model_context(model_cfg: dict, config=None) -> tuple[int | None, str]:
+    """``(tokens, where from)``: the longest sequence (prompt + generated tokens) the model takes,
+    found without loading its weights; ``(None, why)`` when nothing says (no refusal then).
+
+    ``model.max_len`` when set (every conf/model/*.yaml has it). Otherwise the transformers config:
+    ``config`` (a loaded model's), the ``arch`` block, or the ``config.json`` of a local ``path`` or
+    of a hub id already in the hub cache (never downloaded); its ``max_position_embeddings`` with
+    the RoPE scaling (the config's, updated by ``model.rope_scaling`` as ``eval.models`` does):
+    ``factor x original_max_position_embeddings`` when the scaling names the original length
+    (YaRN, Llama 3), at least ``max_position_embeddings``; ``factor x max_position_embeddings``
+    otherwise (linear, dynamic).
+    """
+    if model_cfg.get("max_len"):
+        return int(model_cfg["max_len"]), "model.max_len"
+    if config is not None:
+        cfg, where = (config.to_dict() if hasattr(config, "to_dict") else dict(config)), "config"
+    elif model_cfg.get("arch"):
+        cfg, where = dict(model_cfg["arch"]), "model.arch"
+    else:
+        cfg, where = _cached_config(model_cfg)
+    if not cfg or not cfg.get("max_position_embeddings"):
+        return None, "no model.max_len and no config with max_position_embeddings at hand"
+    n_pos = int(cfg["max_position_embeddings"])
+    scaling = {**(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}),
+               **(model_cfg.get("rope_scaling") or {})}  # fmt: skip
+    factor = float(scaling.get("factor") or 1.0)
+    original = scaling.get("original_max_position_embeddings")
+    if factor == 1.0:
+        return n_pos, f"{where} max_position_embeddings"
+    tokens = max(n_pos, int(original * factor)) if original else int(n_pos * factor)
+    return tokens, f"{where} max_position_embeddings with RoPE factor {factor:g}"
+
+
+def _cached_config(model_cfg: dict) -> tuple[dict | None, str]:
+    """The ``config.json`` of a hub model's local folder, or of its hub id in the hub cache."""
+    path = model_cfg.get("path")
+    if model_cfg.get("source") != "hub" or not path:
+        return None, ""
+    local = Path(str(path)) / "config.json"
+    if not local.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(str(path), "config.json")
+        except Exception:  # noqa: BLE001  (not a hub id, no hub package: nothing to read)
+            return None, ""
+        if not isinstance(found, str):
+            return None, ""
+        local = Path(found)
+    try:
+        return json.loads(local.read_text()), str(local)
+    except (OSError, json.JSONDecodeError):
+        return None, ""
+
+
+def check_job(resolved: dict, config=None) -> None:
+    """Refuse, before the model's weights load, a job that cannot run: no benchmark or model, an
+    unknown benchmark or task, RULER without ``benchmark.n``, a length that is not a positive int
+    or is longer than the model's context (:func:`model_context`; ``config``: a loaded model's)."""
+    bench = resolved.get("benchmark")
+    if not bench:
+        raise ConfigError("kind=accuracy needs benchmark=ruler | infinitebench | longbench_v2")
+    if not resolved.get("model"):
+        raise ConfigError("kind=accuracy needs a model: model=smollm2_135m | gemma3_270m | ...")
+    name, tasks = bench["name"], list(bench.get("tasks") or [])
+    lengths: list = []
+    if name == "ruler":
+        unknown = [t for t in tasks if t not in ruler.TASKS]
+        if unknown:
+            raise ConfigError(
+                f"benchmark.tasks: unknown RULER task(s) {unknown}; known: {sorted(ruler.TASKS)}"
+            )
+        if bench.get("n") is None:
+            raise ConfigError("benchmark=ruler generates its samples: give benchmark.n=<int>")
+        lengths = list(bench["lengths"])
+    elif name == "infinitebench":
+        for task in tasks:
+            try:
+                ib.data_name(task)
+            except KeyError as e:
+                raise ConfigError(f"benchmark.tasks: {e.args[0]}") from None
+        if any(t in ib.GENERATED_TASKS for t in tasks):
+            lengths = list(bench["lengths"])
+    elif name not in BENCHMARKS:
+        raise ConfigError(f"benchmark.name={name!r} is not one of {', '.join(BENCHMARKS)}")
+    for length in lengths:
+        if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+            raise ConfigError(f"benchmark.lengths: {length!r} is not a positive int (tokens)")
+    model_cfg = models.normalize(resolved["model"])
+    context, where = model_context(model_cfg, config)
+    too_long = [x for x in lengths if context is not None and x > context]
+    if too_long:
+        raise ConfigError(
+            f"benchmark.lengths: {', '.join(map(str, too_long))} tokens > the {context}-token "
+            f"context of model {model_cfg['name']} ({where}); drop the length or use a "
+            "longer-context model"
+        )
 
 
 def prompt_format(tokenizer, model_cfg: dict) -> ruler.PromptFormat:
@@ -129,6 +240,15 @@ def stop_strings(values) -> list[str]:
 
 
 # ---------------------------------------------------------------- samples file, resumable
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in an accuracy job's sample loop: ``saved`` of its ``total`` samples are in the
+    samples file (a rerun of the same command resumes from there)."""
+
+    def __init__(self, saved: int, total: int):
+        super().__init__(f"{saved} of {total} samples saved")
+        self.saved, self.total = saved, total
 
 
 def read_done(path: Path) -> dict[str, dict]:
@@ -255,10 +375,11 @@ def _load_once(model_cfg: dict, device: torch.device, seed: int):
 
 def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
              logger: WandbLogger | None = None) -> dict:  # fmt: skip
-    """Run (or resume) every sample of the job; ``model``/``tokenizer`` override the config's."""
+    """Run (or resume) every sample of the job; ``model``/``tokenizer`` override the config's.
+    The job is checked (:func:`check_job`) before the model loads. Ctrl-C in the sample loop
+    raises :class:`Interrupted` (how many samples are saved)."""
+    check_job(resolved, getattr(model, "config", None))
     bench, device = resolved["benchmark"], torch.device(resolved["device"])
-    if not resolved.get("model"):
-        raise ConfigError("kind=accuracy needs a model: model=smollm2_135m | gemma3_270m | ...")
     model_cfg = models.normalize(resolved["model"])
     if model is None:
         model_cfg["dtype"] = resolved["dtype"]
@@ -270,38 +391,47 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     samples_file.parent.mkdir(parents=True, exist_ok=True)
     done = read_done(samples_file)
     todo = [s for s in samples if s["id"] not in done]
+    if len(todo) < len(samples):
+        print(f"resumed {len(samples) - len(todo)} of {len(samples)} samples from {samples_file}; "
+              f"{len(todo)} to run", file=sys.stderr, flush=True)  # fmt: skip
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     method, knobs = resolved["method_name"], dict(resolved["method"])
     stop = stop_strings(bench.get("stop"))
     bar = tqdm(todo, desc=f"{bench['name']} {method}", disable=not resolved["progress"])
     t0, total = time.perf_counter(), 0.0
     measure = bool(bench.get("measure_error", False))
-    with (
-        torch.inference_mode(),
-        sparse_prefill(model, method, measure_error=measure, **knobs) as run,
-    ):
-        for i, s in enumerate(bar):
-            gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
-            if s.get("cot_item"):
-                gen = cot_answer_turn(model, tokenizer, run, s, gen, fmt, stop, sync)
-            value, extra = score(bench["name"], s, gen["prediction"])
-            line = {"id": s["id"], "task": s["task"], "length": s["length"], **gen,
-                    "gold": s["gold"], "score": value, **extra,
-                    **{k: s[k] for k in ("difficulty", "length_bucket") if k in s}}  # fmt: skip
-            append_line(samples_file, line)
-            done[s["id"]] = line
-            rate = (i + 1) / max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix(samples_per_s=f"{rate:.2f}")
-            total += value
-            if logger is not None:
-                logger.log({"score": value, "running_accuracy": 100 * total / (i + 1),
-                            "density": gen["density"], "samples_per_s": rate}, i)  # fmt: skip
+    try:
+        with (
+            torch.inference_mode(),
+            sparse_prefill(model, method, measure_error=measure, **knobs) as run,
+        ):
+            for i, s in enumerate(bar):
+                gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
+                if s.get("cot_item"):
+                    gen = cot_answer_turn(model, tokenizer, run, s, gen, fmt, stop, sync)
+                value, extra = score(bench["name"], s, gen["prediction"])
+                line = {"id": s["id"], "task": s["task"], "length": s["length"], **gen,
+                        "gold": s["gold"], "score": value, **extra,
+                        **{k: s[k] for k in ("difficulty", "length_bucket") if k in s}}  # fmt: skip
+                append_line(samples_file, line)
+                done[s["id"]] = line
+                rate = (i + 1) / max(time.perf_counter() - t0, 1e-9)
+                bar.set_postfix(samples_per_s=f"{rate:.2f}")
+                total += value
+                if logger is not None:
+                    logger.log({"score": value, "running_accuracy": 100 * total / (i + 1),
+                                "density": gen["density"], "samples_per_s": rate}, i)  # fmt: skip
+    except KeyboardInterrupt:
+        bar.close()
+        saved = read_done(samples_file)
+        raise Interrupted(sum(s["id"] in saved for s in samples), len(samples)) from None
     lines = [done[s["id"]] for s in samples]
     out = {
         "benchmark": bench["name"], "model": models.describe(model_cfg), "method": method,
         "knobs": knobs, "n_samples": len(lines), "resumed": len(samples) - len(todo),
         "samples_file": str(samples_file), "cells": cells(lines),
         "template": "chat" if model_cfg.get("chat") else "base", "stop": stop,
+        "tokenizer": models.tokenizer_summary(tokenizer),
     }  # fmt: skip
     if bench["name"] == "longbench_v2":
         out["longbench_v2"] = lb.aggregate(
@@ -323,9 +453,24 @@ def table(m: dict) -> str:
     return "\n".join(rows)
 
 
+def resume_command(ctx: JobContext) -> str:
+    """The command that reruns this job: the command line as typed when this process is run.py
+    (a multirun resumes as a whole), else run.py with the job's overrides."""
+    if Path(sys.argv[0]).name == "run.py":
+        return shlex.join(["python", *sys.argv])
+    return shlex.join(["python", "run.py", *ctx.overrides])
+
+
 def run(cfg, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:
-    if not resolved.get("benchmark"):
-        raise ConfigError("kind=accuracy needs benchmark=ruler | infinitebench | longbench_v2")
-    m = evaluate(resolved, record_path(resolved).with_name("samples.jsonl"), logger=logger)
+    samples_file = record_path(resolved).with_name("samples.jsonl")
+    try:
+        m = evaluate(resolved, samples_file, logger=logger)
+    except KeyboardInterrupt as e:  # one line instead of a traceback; the samples file stays
+        ours = isinstance(e, Interrupted)  # else before the samples were built: loading
+        saved = f"{e.saved} of {e.total}" if ours else len(read_done(samples_file))
+        print(f"interrupted: {saved} samples saved in {samples_file}; rerun the same command to "
+              f"resume: {resume_command(ctx)}", file=sys.stderr, flush=True)  # fmt: skip
+        logger.finish(exit_code=130)
+        raise SystemExit(130) from None
     print(table(m))
     return m

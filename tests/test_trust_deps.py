@@ -23,7 +23,8 @@ DIST = {  # import name -> distribution name
     "submitit": "submitit", "cloudpickle": "cloudpickle",
     "wonderwords": "wonderwords", "rouge_score": "rouge-score", "jieba": "jieba",
     "datasets": "datasets", "gguf": "gguf", "sentencepiece": "sentencepiece",
-    "tiktoken": "tiktoken", "regex": "regex",
+    "tiktoken": "tiktoken", "regex": "regex", "huggingface_hub": "huggingface-hub",
+    "packaging": "packaging",
 }  # fmt: skip
 # Declared but not imported by name: tools, Hydra launchers loaded through `_target_`, and what
 # transformers loads GGUF files with.

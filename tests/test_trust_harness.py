@@ -274,7 +274,9 @@ def test_weights_replaced_at_the_same_path_give_another_run_id(tmp_path):
     assert _identity(res)["id"] != before
     res["model"] = {"name": "m", "source": "gguf", "package": "pkg==1.0", "gguf_file": "m.gguf",
                     "path": None, "weights": "pretrained"}  # fmt: skip
-    assert _identity(res)["model"] == "pkg==1.0"
+    from eval.tokenizers import VERIFY_VERSION  # GGUF runs: the tokenizer verification too
+
+    assert _identity(res)["model"] == f"pkg==1.0; tokenizer verified v{VERIFY_VERSION}"
 
 
 def test_a_benchmark_file_replaced_at_the_same_path_gives_another_run_id(tmp_path):
@@ -287,3 +289,48 @@ def test_a_benchmark_file_replaced_at_the_same_path_gives_another_run_id(tmp_pat
     first = _identity(res)["id"]
     data.write_text('[{"_id": "b2"}]')
     assert _identity(res)["id"] != first
+
+
+# --- values the run would silently ignore or change ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [(["method=flexprefill", "tau=0.01"], r"tau=0\.01: .*method=flexprefill does not read it"),
+     (["method=full", "S=128"], r"S=128: .*method\.segment_len.*method=full does not read it"),
+     (["experiment=hparams_tau", "data=synthetic", "method=xattn"],
+      r"the sweep key 'tau': .*method=xattn does not read it")],
+)  # fmt: skip
+def test_top_level_s2o_shortcuts_with_another_method_are_refused(overrides, needle, tmp_path):
+    """Was: `python run.py method=flexprefill tau=0.01` ran FlexPrefill at its own tau=0.1."""
+    with pytest.raises(ConfigError, match=needle):
+        run_inprocess(overrides + TINY, tmp_path)
+    assert not list(tmp_path.rglob("record.json"))
+
+
+def test_top_level_shortcuts_read_by_the_config_are_kept(tmp_path):
+    """S2O reads tau and S; a matched experiment reads S in its own block, whatever the method."""
+    rec = run_inprocess(["method=s2o", "tau=0.02", "S=128", *TINY], tmp_path)
+    assert rec["status"] == "ok" and rec["config"]["method"]["tau"] == 0.02
+    cfg = compose(["experiment=calibration_check_default", "method=full", "S=128"])
+    ctx = run.job_context(cfg)
+    run.refuse_unread_shortcuts(run.prepare(cfg, ctx.overrides), ctx)  # matched.knobs reads S
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [("timing.rep=0", "timing.rep=0 must be >= 1"), ("timing.warmup=-1", "timing.warmup=-1"),
+     ("e2e.reps=0", "e2e.reps=0 must be >= 1"), ("e2e.warmup=-2", "e2e.warmup=-2")],
+)  # fmt: skip
+def test_timing_counts_below_their_floor_are_refused_before_any_work(override, needle, tmp_path):
+    """Was: timing.rep=0 was timed once while the record said rep=0."""
+    with pytest.raises(ConfigError, match=needle):
+        run_inprocess([override, "dry_run=true"], tmp_path)
+    assert not list(tmp_path.rglob("record.json"))
+
+
+def test_bench_ms_refuses_rep_below_one():
+    from experiments.timing import bench_ms
+
+    with pytest.raises(ValueError, match=r"timing.rep=0 must be >= 1"):
+        bench_ms(lambda: None, torch.device("cpu"), {"warmup": 0, "rep": 0})
