@@ -14,6 +14,7 @@ docs/harness.md.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -125,6 +126,44 @@ def warn_unread_keys(overrides: list[str]) -> None:
             )
 
 
+# Top-level keys that are S2O's shortcuts: conf/method/s2o.yaml reads them (``${tau}``, ``${S}``).
+SHORTCUTS = {"tau": "tau", "S": "segment_len"}
+
+
+def _strings(node: object):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+def refuse_unread_shortcuts(cfg: DictConfig, ctx: JobContext) -> None:
+    """``tau`` / ``S`` given on the command line (or as sweep keys) that no config value reads (no
+    ``${tau}`` / ``${S}`` interpolation: ``method`` is not s2o and no other block reads them) would
+    be silently ignored: :class:`ConfigError` naming the method. Call after :func:`prepare`."""
+    given = {k: f"{k}={cfg[k]}" for k in explicit_keys(ctx.overrides) if k in SHORTCUTS}
+    if cfg.kind == "sweep" and cfg.sweep is not None:
+        sweep = OmegaConf.to_container(cfg.sweep, resolve=False)
+        keys = set(sweep.get("grid") or {})
+        keys |= {k for p in sweep.get("points") or [] for k in (p.get("set") or {})}
+        given.update({k: f"the sweep key {k!r}" for k in keys if k in SHORTCUTS})
+    values = list(_strings(OmegaConf.to_container(cfg, resolve=False)))
+    for key, origin in given.items():
+        read = re.compile(r"\$\{\s*" + key + r"\s*\}")
+        if not any(read.search(v) for v in values):
+            knobs = sorted(cfg.method) if cfg.method is not None else []
+            raise ConfigError(
+                f"{origin}: top-level {key} is S2O's shortcut for method.{SHORTCUTS[key]} (read "
+                f"by conf/method/s2o.yaml), but method={ctx.method} does not read it and the run "
+                f"would ignore it; use method=s2o, or set method={ctx.method}'s own knob "
+                f"(method.<knob>=<value>, knobs: {knobs})"
+            )
+
+
 def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
     """Run one Hydra job and return its record (also written to disk)."""
     ctx = ctx or job_context(cfg)
@@ -132,6 +171,7 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
         raise ConfigError(f"kind={cfg.kind!r} is not one of {list(KINDS)}")
     warn_unread_keys(ctx.overrides)
     cfg = prepare(cfg, ctx.overrides)
+    refuse_unread_shortcuts(cfg, ctx)
     resolved = resolved_config(cfg, ctx)
     check_writable(resolved["results_dir"])
     if code_revision(resolved["git_rev"]) == "unknown":

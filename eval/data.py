@@ -46,9 +46,13 @@ def _read_layers(f, path, layers, L, device, dtype) -> list[Layer]:
     keys = set(f.keys())
     found = sorted(int(k.split(".", 1)[1]) for k in keys if k.startswith("q."))
     wanted = found if layers is None else [int(i) for i in layers]
-    missing = [i for i in wanted if any(f"{n}.{i}" not in keys for n in "qkv")]
+    missing = [f"{n}.{i}" for i in wanted for n in "qkv" if f"{n}.{i}" not in keys]
     if missing or not wanted:
-        raise ValueError(f"{path}: layers {missing or wanted} not found; the file has {found}")
+        what = f"{', '.join(missing)} missing" if missing else "no q.<layer> tensor"
+        raise ValueError(
+            f"{path}: {what} (each layer needs q.<layer>, k.<layer> and v.<layer>); the file has "
+            f"{_names(keys)}"
+        )
     out = []
     for i in wanted:
         q, k, v = (f.get_tensor(f"{n}.{i}") for n in "qkv")
@@ -64,6 +68,18 @@ def _read_layers(f, path, layers, L, device, dtype) -> list[Layer]:
             q, k, v = q[:, :, :L], k[:, :, :L], v[:, :, :L]
         out.append((i, *(t.to(device=device, dtype=dtype).contiguous() for t in (q, k, v))))
     return out
+
+
+def _names(keys: set[str], most: int = 24) -> str:
+    """The tensor names of a file, by layer (``q.0, k.0, v.0, q.1, ...``), the first ``most``."""
+
+    def order(key: str):
+        name, _, layer = key.partition(".")
+        return (0, int(layer), "qkv".find(name), key) if layer.isdigit() else (1, 0, 0, key)
+
+    names = sorted(keys, key=order)
+    more = f", ... ({len(names)} in all)" if len(names) > most else ""
+    return (", ".join(names[:most]) + more) if names else "no tensors"
 
 
 def load_layers(

@@ -92,9 +92,16 @@ def resolved_config(cfg: DictConfig, ctx: JobContext) -> dict:
 TYPES = {
     "seed": int, "S": int, "tau": float, "dry_run": bool, "skip_done": bool, "reuse_stale": bool,
     "progress": bool, "timing.enabled": bool, "timing.warmup": int, "timing.rep": int,
-    "timing.cuda_warmup_ms": float, "timing.cuda_rep_ms": float,
+    "timing.cuda_warmup_ms": float, "timing.cuda_rep_ms": float, "e2e.reps": int,
+    "e2e.warmup": int,
 }  # fmt: skip
 _TYPE_WORDS = {bool: "a bool (true/false)", int: "an int", float: "a number"}
+# Counts and times with a floor: a value below it is refused (never clamped, which would record
+# one number and measure another).
+MINIMUMS = {
+    "timing.warmup": 0, "timing.rep": 1, "timing.cuda_warmup_ms": 0, "timing.cuda_rep_ms": 0,
+    "e2e.reps": 1, "e2e.warmup": 0,
+}  # fmt: skip
 
 
 def _has_type(value: object, typ: type) -> bool:
@@ -104,8 +111,8 @@ def _has_type(value: object, typ: type) -> bool:
 
 
 def check_types(resolved: dict) -> None:
-    """Top-level and synthetic-data values of the wrong type -> :class:`ConfigError` naming the
-    key (before any data is built)."""
+    """Top-level and synthetic-data values of the wrong type, and counts below their
+    :data:`MINIMUMS` -> :class:`ConfigError` naming the key (before any data is built)."""
     from eval.synthetic import SyntheticSpec
 
     wanted = dict(TYPES)
@@ -119,6 +126,10 @@ def check_types(resolved: dict) -> None:
         value = OmegaConf.select(tree, key, default=None)
         if value is not None and not _has_type(value, typ):
             raise ConfigError(f"{key}={value!r} must be {_TYPE_WORDS[typ]}")
+    for key, low in MINIMUMS.items():
+        value = OmegaConf.select(tree, key, default=None)
+        if value is not None and value < low:
+            raise ConfigError(f"{key}={value!r} must be >= {low}")
 
 
 def _hash(obj: object) -> str:
@@ -190,16 +201,21 @@ def _path_identity(value: str, key: str) -> str:
 
 def model_fingerprint(resolved: dict) -> str | None:
     """What the config does not say about the model's weights: the GGUF file's content under
-    ``model.path`` (its pinned package when there is no path), a local checkpoint folder's file
-    names, sizes and times; None for random weights (the config is the model) or a hub id."""
+    ``model.path`` (its pinned package when there is no path) and the version of the tokenizer
+    verification (eval/tokenizers.py: runs made with an unverified GGUF tokenizer never resume),
+    a local checkpoint folder's file names, sizes and times; None for random weights (the config
+    is the model) or a hub id."""
     mc = resolved.get("model") or {}
     if not mc or mc.get("weights") == "random":
         return None
     path = mc.get("path")
-    if mc.get("source") == "gguf":
+    if mc.get("source") == "gguf":  # the tokenizer is built from the file and verified
+        from eval.tokenizers import VERIFY_VERSION
+
+        tok = f"tokenizer verified v{VERIFY_VERSION}"
         if not path:
-            return str(mc.get("package"))
-        return file_sha256(str(Path(str(path)) / mc["gguf_file"]), "model.path")
+            return f"{mc.get('package')}; {tok}"
+        return f"{file_sha256(str(Path(str(path)) / mc['gguf_file']), 'model.path')}; {tok}"
     if path and Path(str(path)).is_dir():
         return _folder_identity(Path(str(path)))
     return None

@@ -13,7 +13,7 @@ import torch
 def bench_ms(fn: Callable[[], object], device: torch.device, timing: dict) -> float:
     """Median milliseconds of ``fn``: ``do_bench`` on CUDA, wall-clock over ``rep`` calls on CPU.
 
-    On the CPU the untimed warm-up calls number ``timing.warmup``.
+    On the CPU the untimed warm-up calls number ``timing.warmup``; ``timing.rep < 1`` is refused.
     """
     if device.type == "cuda":
         from triton.testing import do_bench
@@ -27,10 +27,14 @@ def bench_ms(fn: Callable[[], object], device: torch.device, timing: dict) -> fl
                     return_mode="median",
                 )  # fmt: skip
             )
+    if timing["rep"] < 1 or timing["warmup"] < 0:
+        raise ValueError(
+            f"timing.rep={timing['rep']!r} must be >= 1 and timing.warmup={timing['warmup']!r} >= 0"
+        )
     for _ in range(timing["warmup"]):
         fn()
     times = []
-    for _ in range(max(1, timing["rep"])):
+    for _ in range(timing["rep"]):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)

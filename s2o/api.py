@@ -15,8 +15,9 @@ from .validation import (
     check_inference_inputs,
     check_interpreter_dtype,
     check_positive_int,
-    check_power_of_two,
     check_qkv,
+    check_scale,
+    check_tile,
 )
 
 VARIANTS = ("two_pass", "fused")
@@ -61,8 +62,8 @@ def check_s2o_args(
     ):
         raise ValueError(f"walk_budget must be None or an int >= 0, got {walk_budget!r}")
     check_positive_int("segment_len", segment_len)
-    check_power_of_two("block_m", block_m)
-    check_power_of_two("block_n", block_n)
+    check_tile("block_m", block_m)
+    check_tile("block_n", block_n)
     check_finite("tau", tau)
     check_choice("variant", variant, VARIANTS)
     if segment_len % block_m or segment_len % block_n:
@@ -74,8 +75,7 @@ def check_s2o_args(
         raise ValueError(f"local_window must be an int >= 0, got {local_window!r}")
     if local_window % block_n:
         raise ValueError(f"local_window={local_window} must be a multiple of block_n={block_n}")
-    if scale is not None:
-        check_finite("scale", scale)
+    check_scale(scale)
     if q_perm is None:
         return variant == "two_pass"
     if q_perm and variant == "fused":

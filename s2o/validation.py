@@ -37,6 +37,11 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
     if dq != dk:
         raise ValueError(f"head dims differ: q has D={dq}, k has D={dk}")
+    if q.device.type == "meta":
+        raise ValueError(
+            "q, k and v are on the 'meta' device (shapes without data): the methods compute on "
+            "values; move them to 'cpu' or 'cuda' first"
+        )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if 0 in t.shape:
             raise ValueError(f"empty input: {name} has shape {tuple(t.shape)} (a zero dimension)")
@@ -78,7 +83,7 @@ def check_inference_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
                 f"{name}.detach()"
             )
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "meta" and not torch.isfinite(t.sum(dtype=torch.float32)):
+        if not torch.isfinite(t.sum(dtype=torch.float32)):
             bad = ~torch.isfinite(t)
             if bad.any():
                 pos = tuple(int(i) for i in bad.nonzero()[0])
@@ -105,6 +110,33 @@ def check_power_of_two(name: str, value: object) -> int:
     if value & (value - 1):  # type: ignore[operator]
         raise ValueError(f"{name}={value} must be a power of two (a Triton tile size)")
     return value  # type: ignore[return-value]
+
+
+# Largest tile edge: Triton refuses blocks of more than 2**20 elements, and a block_m x block_n
+# score tile reaches that at 1024 x 1024 (the methods use 16 to 256).
+MAX_TILE = 1024
+
+
+def check_tile(name: str, value: object) -> int:
+    """A tile size (``block_m``, ``block_n``, ``block_size``): a power of two <= :data:`MAX_TILE`
+    (the Triton kernels also need >= 16; the reference takes smaller tiles)."""
+    check_power_of_two(name, value)
+    if value > MAX_TILE:  # type: ignore[operator]
+        raise ValueError(
+            f"{name}={value} is larger than the largest tile size, {MAX_TILE} (the methods use "
+            "16 to 256)"
+        )
+    return value  # type: ignore[return-value]
+
+
+def check_scale(scale: object) -> float | None:
+    """The softmax scale of every method: ``None`` (``1/sqrt(D)``) or a finite number > 0."""
+    if scale is None:
+        return None
+    value = check_finite("scale", scale)
+    if value <= 0:
+        raise ValueError(f"scale must be a finite number > 0 or None, got {scale!r}")
+    return value
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -44,8 +44,25 @@ def test_file_source_roundtrip_and_truncation(tmp_path):
     layers, info = load_layers(data, None, torch.device("cpu"), torch.float32)
     (lid, q2, k2, v2) = layers[0]
     assert lid == 3 and torch.equal(q2, q[:, :, :40]) and torch.equal(v2, v[:, :, :40])
-    with pytest.raises(ValueError, match="not found"):
+    with pytest.raises(
+        ValueError, match=r"q\.0, k\.0, v\.0 missing.*the file has q\.3, k\.3, v\.3$"
+    ):
         load_layers({**data, "layers": [0]}, None, torch.device("cpu"), torch.float32)
+
+
+def test_file_without_a_tensor_names_the_missing_key(tmp_path):
+    """Was: "layers [0] not found; the file has [0]" for a file with q.0 and k.0 but no v.0."""
+    from safetensors.torch import save_file
+
+    q, k, _ = synthetic_qkv(SyntheticSpec(L=64, heads_q=2, heads_kv=1, head_dim=16))
+    path = tmp_path / "t.safetensors"
+    save_file({"q.0": q, "k.0": k}, str(path))
+    data = {"source": "file", "path": str(path), "L": None, "layers": None}
+    with pytest.raises(ValueError, match=r": v\.0 missing .*; the file has q\.0, k\.0$"):
+        load_layers(data, None, torch.device("cpu"), torch.float32)
+    save_file({"x": q}, str(path))
+    with pytest.raises(ValueError, match=r"no q\.<layer> tensor .*; the file has x$"):
+        load_layers(data, None, torch.device("cpu"), torch.float32)
 
 
 WORDS = [f"w{i}" for i in range(60)]

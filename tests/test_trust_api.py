@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from s2o import METHODS, s2o_attention, sparse_attention
+from s2o.methods import bind
 
 SMALL = dict(segment_len=32, block_m=16, block_n=16)
 
@@ -149,3 +150,75 @@ def test_method_name_must_be_a_string():
 def test_return_stats_must_be_a_bool(value):
     with pytest.raises(ValueError, match=r"return_stats must be a bool"):
         s2o_attention(*qkv(), return_stats=value, **SMALL)
+
+
+# --- one validation for every method: scale, tile sizes, meta tensors, Step-1 sort -------------
+
+BAD_SCALES = [0.0, -1.0, -0.0, float("nan"), float("inf")]
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("scale", BAD_SCALES)
+def test_every_method_refuses_the_scales_full_refuses(method, scale):
+    """Was: S2O ran with scale=0 and scale=-1 (uniform or inverted scores); Full refused them."""
+    with pytest.raises(ValueError, match=r"scale must be a finite number"):
+        sparse_attention(method, *qkv(), scale=scale, **method_knobs(method))
+
+
+@pytest.mark.parametrize("scale", BAD_SCALES)
+def test_s2o_attention_and_a_per_call_scale_refuse_a_bad_scale(scale):
+    with pytest.raises(ValueError, match=r"scale must be a finite number"):
+        s2o_attention(*qkv(), scale=scale, **SMALL)
+    bound = bind("s2o", **SMALL)
+    with pytest.raises(ValueError, match=r"scale must be a finite number"):
+        bound(*qkv(), scale=scale)
+
+
+HUGE = 2**40
+
+
+@pytest.mark.parametrize(
+    "method, knobs, name",
+    [("s2o", dict(segment_len=HUGE, block_m=HUGE, block_n=HUGE), "block_m"),
+     ("s2o", dict(segment_len=HUGE, block_m=16, block_n=HUGE), "block_n"),
+     ("full", dict(block_m=HUGE), "block_m"), ("full", dict(block_n=HUGE), "block_n"),
+     ("flexprefill", dict(block_size=HUGE), "block_size"),
+     ("xattn", dict(block_size=HUGE), "block_size"),
+     ("pbs", dict(block_size=HUGE, segment_size=2 * HUGE), "block_size")],
+)  # fmt: skip
+def test_huge_tile_sizes_are_refused_before_any_allocation(method, knobs, name):
+    """Was: 2**40 reached the allocator (S2O, XAttention, PBS) or passed (Full, FlexPrefill)."""
+    with pytest.raises(ValueError, match=rf"{name}={HUGE} is larger than the largest tile size"):
+        sparse_attention(method, *qkv(), **knobs)
+    from s2o.validation import MAX_TILE
+
+    assert MAX_TILE == 1024
+    sparse_attention("full", *qkv(), block_m=1024, block_n=1024)  # the bound itself passes
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_meta_tensors_are_refused(method):
+    """Was: Full, FlexPrefill, XAttention and PBS returned meta outputs; S2O failed in .item()."""
+    q, k, v = (t.to("meta") for t in qkv())
+    with pytest.raises(ValueError, match=r"'meta' device"):
+        sparse_attention(method, q, k, v, **method_knobs(method))
+    with pytest.raises(ValueError, match=r"'meta' device"):
+        bind(method, **method_knobs(method))(q, k, v)
+
+
+def test_s2o_attention_refuses_meta_tensors():
+    q, k, v = (t.to("meta") for t in qkv())
+    with pytest.raises(ValueError, match=r"'meta' device"):
+        s2o_attention(q, k, v, **SMALL)
+
+
+def test_step1_sort_cub_on_the_reference_path_is_refused():
+    """Was: step1_sort='cub' ran the reference's own sort, silently."""
+    with pytest.raises(ValueError, match=r"step1_sort='cub'.*'reference'"):
+        bind("s2o", impl="reference", step1_sort="cub", **SMALL)
+    if not torch.cuda.is_available():
+        bound = bind("s2o", step1_sort="cub", **SMALL)  # impl=auto: decided per device
+        with pytest.raises(ValueError, match=r"step1_sort='cub'.*'reference'"):
+            bound(*qkv())
+    for sort in ("chunks", "full"):  # the reference's sort stands for these
+        sparse_attention("s2o", *qkv(), impl="reference", step1_sort=sort, **SMALL)

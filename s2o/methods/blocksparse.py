@@ -20,7 +20,7 @@ import torch
 
 from ..api import resolve_impl
 from ..stats import AttentionStats, _cdiv, dense_causal_tile_count
-from ..validation import check_choice, check_finite, check_power_of_two
+from ..validation import check_choice, check_finite, check_tile
 from .launch_knob import check_settings, to_launch
 from .registry import Method, register
 
@@ -200,14 +200,7 @@ def check_impl(impl) -> None:
 
 
 def check_block_size(block_size) -> None:
-    check_power_of_two("block_size", block_size)
-
-
-def check_scale(scale) -> None:
-    if scale is not None:
-        check_finite("scale", scale)
-        if scale <= 0:
-            raise ValueError(f"scale must be > 0, got {scale!r}")
+    check_tile("block_size", block_size)
 
 
 def check_fraction(name: str, value) -> float:

@@ -39,14 +39,13 @@ from __future__ import annotations
 import torch
 
 from ..stats import _cdiv
-from ..validation import check_finite, check_positive_int
+from ..validation import check_finite, check_positive_int, check_scale
 from .blocksparse import (
     BlockPlan,
     block_causal,
     check_block_size,
     check_fraction,
     check_impl,
-    check_scale,
     grouped_scores,
     mean_pool_tokens,
     rank_select,

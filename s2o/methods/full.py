@@ -10,7 +10,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..stats import AttentionStats, dense_causal_tile_count
-from ..validation import check_choice, check_finite, check_positive_int
+from ..validation import check_choice, check_scale, check_tile
 from .registry import Method, register
 
 BACKENDS = {
@@ -70,10 +70,9 @@ def check_backend_usable(backend: str, q, k, v) -> None:
 
 def _check(*, backend, block_m, block_n, scale):
     check_choice("backend", backend, ("auto", *BACKENDS))
-    check_positive_int("block_m", block_m)
-    check_positive_int("block_n", block_n)
-    if scale is not None and check_finite("scale", scale) <= 0:
-        raise ValueError(f"scale must be > 0, got {scale!r}")
+    check_tile("block_m", block_m)
+    check_tile("block_n", block_n)
+    check_scale(scale)
 
 
 def _attend(q, k, v, plan, *, backend, block_m, block_n, scale):

@@ -40,14 +40,13 @@ from __future__ import annotations
 import torch
 
 from ..stats import _cdiv
-from ..validation import check_choice, check_positive_int
+from ..validation import check_choice, check_positive_int, check_scale
 from .blocksparse import (
     BlockPlan,
     block_causal,
     check_block_size,
     check_fraction,
     check_impl,
-    check_scale,
     grouped_scores,
     pad_len,
     register_block_sparse,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..stats import AttentionStats
-from ..validation import check_finite, check_inference_inputs, check_interpreter_dtype, check_qkv
+from ..validation import check_inference_inputs, check_interpreter_dtype, check_qkv, check_scale
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class BoundMethod:
     def _knobs(self, scale: float | None) -> Mapping[str, Any]:
         if scale is None:
             return self.knobs
-        return {**self.knobs, "scale": check_finite("scale", scale)}
+        return {**self.knobs, "scale": check_scale(scale)}
 
     def estimate(self, q, k, v, *, scale: float | None = None) -> Any:
         """The method's plan (Step 1 for S2O, the block pattern for the baselines)."""
@@ -109,8 +109,8 @@ class BoundMethod:
         scale: float | None = None,
         timing: bool = False,
     ) -> tuple[torch.Tensor, AttentionStats]:
-        """Run on ``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]``; ``scale`` (finite) overrides the
-        bound one for this call (a model passes its own softmax scale per layer call)."""
+        """Run on ``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]``; ``scale`` (finite, > 0) overrides
+        the bound one for this call (a model passes its own softmax scale per layer call)."""
         t0 = _now_ms(q.device) if timing else 0.0
         plan = self.estimate(q, k, v, scale=scale)
         t1 = _now_ms(q.device) if timing else 0.0

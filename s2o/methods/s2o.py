@@ -49,10 +49,23 @@ def _check_topk(topk_ratio, tau) -> float | None:
     return ratio
 
 
+def _check_sort(step1_sort, impl: str) -> None:
+    """``step1_sort='cub'`` (CUB radix sorts) exists only on the Triton path: asked for on the
+    reference path (``impl``, resolved or explicit, ``'reference'``), it is refused, not ignored."""
+    if step1_sort == "cub" and impl == "reference":
+        raise ValueError(
+            "step1_sort='cub' picks the Triton path's Step-1 sort (CUB radix sorts), but impl "
+            "resolves to 'reference' (impl='reference', or impl='auto' with CPU tensors), whose "
+            "Step 1 has one sort of its own: use impl='triton' (CUDA tensors, or "
+            "TRITON_INTERPRET=1), or step1_sort='chunks'"
+        )
+
+
 def _check(*, impl, step1_sort, causal, launch, topk_ratio, **knobs):
     check_per_kernel(launch, LAUNCH_KERNELS)
     check_choice("impl", impl, ("auto", "reference", "triton"))
     check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
+    _check_sort(step1_sort, impl)
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     check_s2o_args(**knobs)
@@ -60,8 +73,10 @@ def _check(*, impl, step1_sort, causal, launch, topk_ratio, **knobs):
 
 
 def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, **_):
-    """Step 1; ``step1_sort`` picks the Triton path's sort (the reference has one)."""
+    """Step 1; ``step1_sort`` picks the Triton path's sort (the reference has one: ``'cub'``
+    is refused there)."""
     if resolve_impl(impl, q.device) == "reference":
+        _check_sort(step1_sort, "reference")
         return s2o_permutations(q, k, segment_len, local_window, causal)
     from ..kernels import s2o_step1
 

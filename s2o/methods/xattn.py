@@ -40,14 +40,13 @@ import torch
 
 from ..api import resolve_impl
 from ..stats import _cdiv
-from ..validation import check_finite, check_positive_int
+from ..validation import check_finite, check_positive_int, check_scale
 from .blocksparse import (
     BlockPlan,
     block_causal,
     check_block_size,
     check_fraction,
     check_impl,
-    check_scale,
     pad_len,
     register_block_sparse,
 )
