@@ -35,6 +35,7 @@ from analysis.plotting import save, setup
 from analysis.records import HERE, MANIFEST, device_label, paper_numbers
 from analysis.sections import Section
 from analysis.tables import markdown
+from eval.tokenizers import faulty_tokenizer
 
 
 @dataclass
@@ -302,13 +303,27 @@ def _calibrated(ctx: Ctx, data: dict) -> bool:
     return bool(fit) and all(data.get(k) == v for k, v in fit["knobs"].items())
 
 
+def _mistokenized(rec: dict) -> str:
+    """A captured-attention record whose text went through a GGUF tokenizer that its transformers
+    release built wrong (eval/tokenizers.py), said where the record is described."""
+    model = rec["config"].get("model") or {}
+    why = faulty_tokenizer(model.get("gguf_file"), rec["environment"].get("transformers"))
+    if why is None:
+        return ""
+    version = rec["environment"]["transformers"]
+    return (
+        f"; its text was mis-tokenized (transformers {version}: no SentencePiece merges, no BOS), "
+        "to be re-captured"
+    )
+
+
 def _input(ctx: Ctx, rec: dict) -> str:
     """A record's input for the Differs notes: which model's captured attention, or which
     synthetic input (the calibrated one, or its knobs)."""
     data = rec["config"]["data"]
     if data["source"] == "model":
         name = rec["config"]["model"]["name"]
-        return f"{name}'s captured attention ({data['text']}, L={data['L']})"
+        return f"{name}'s captured attention ({data['text']}, L={data['L']}){_mistokenized(rec)}"
     if _calibrated(ctx, data):
         return f"the calibrated synthetic input (L={data['L']})"
     return (
@@ -325,7 +340,7 @@ def _fig4a_input(ctx: Ctx, rec: dict) -> str:
         layers = data.get("layers") or rec["config"]["model"].get("capture_layers")
         return (
             f"{rec['config']['model']['name']}'s captured attention (text {data['text']}, "
-            f"layers {layers}, L={data['L']})"
+            f"layers {layers}, L={data['L']}){_mistokenized(rec)}"
         )
     kind = "calibrated synthetic" if _calibrated(ctx, data) else "synthetic (uncalibrated knobs)"
     return f"{kind} input (`eval/synthetic.py`), L={data['L']}"
