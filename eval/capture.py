@@ -124,12 +124,12 @@ def tokenize(tokenizer, text: str, L: int) -> torch.Tensor:
 def cache_path(
     cache_dir: str | Path, model_cfg: dict, text: str, L: int, layers: list[int]
 ) -> Path:
-    from .models import describe
+    from .models import describe, normalize
 
     key = {
         "model": describe(model_cfg),
         "dtype": model_cfg["dtype"],
-        "rope_scaling": model_cfg.get("rope_scaling"),
+        "rope_scaling": normalize(model_cfg).get("rope_scaling"),  # model.yarn=true included
         "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "L": L,
         "layers": sorted(layers),

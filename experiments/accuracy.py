@@ -60,57 +60,11 @@ def record_path(resolved: dict) -> Path:
 
 def model_context(model_cfg: dict, config=None) -> tuple[int | None, str]:
     """``(tokens, where from)``: the longest sequence (prompt + generated tokens) the model takes,
-    found without loading its weights; ``(None, why)`` when nothing says (no refusal then).
-
-    ``model.max_len`` when set (every conf/model/*.yaml has it). Otherwise the transformers config:
-    ``config`` (a loaded model's), the ``arch`` block, or the ``config.json`` of a local ``path`` or
-    of a hub id already in the hub cache (never downloaded); its ``max_position_embeddings`` with
-    the RoPE scaling (the config's, updated by ``model.rope_scaling`` as ``eval.models`` does):
-    ``factor x original_max_position_embeddings`` when the scaling names the original length
-    (YaRN, Llama 3), at least ``max_position_embeddings``; ``factor x max_position_embeddings``
-    otherwise (linear, dynamic).
-    """
-    if model_cfg.get("max_len"):
-        return int(model_cfg["max_len"]), "model.max_len"
-    if config is not None:
-        cfg, where = (config.to_dict() if hasattr(config, "to_dict") else dict(config)), "config"
-    elif model_cfg.get("arch"):
-        cfg, where = dict(model_cfg["arch"]), "model.arch"
-    else:
-        cfg, where = _cached_config(model_cfg)
-    if not cfg or not cfg.get("max_position_embeddings"):
-        return None, "no model.max_len and no config with max_position_embeddings at hand"
-    n_pos = int(cfg["max_position_embeddings"])
-    scaling = {**(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}),
-               **(model_cfg.get("rope_scaling") or {})}  # fmt: skip
-    factor = float(scaling.get("factor") or 1.0)
-    original = scaling.get("original_max_position_embeddings")
-    if factor == 1.0:
-        return n_pos, f"{where} max_position_embeddings"
-    tokens = max(n_pos, int(original * factor)) if original else int(n_pos * factor)
-    return tokens, f"{where} max_position_embeddings with RoPE factor {factor:g}"
-
-
-def _cached_config(model_cfg: dict) -> tuple[dict | None, str]:
-    """The ``config.json`` of a hub model's local folder, or of its hub id in the hub cache."""
-    path = model_cfg.get("path")
-    if model_cfg.get("source") != "hub" or not path:
-        return None, ""
-    local = Path(str(path)) / "config.json"
-    if not local.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            found = try_to_load_from_cache(str(path), "config.json")
-        except Exception:  # noqa: BLE001  (not a hub id, no hub package: nothing to read)
-            return None, ""
-        if not isinstance(found, str):
-            return None, ""
-        local = Path(found)
-    try:
-        return json.loads(local.read_text()), str(local)
-    except (OSError, json.JSONDecodeError):
-        return None, ""
+    found without loading its weights (:func:`eval.models.context`): ``model.max_len``, extended
+    by a YaRN ``model.rope_scaling`` (or ``model.yarn=true``) to ``factor x original``; else the
+    transformers config's ``max_position_embeddings`` with its RoPE scaling. ``(None, why)`` when
+    nothing says (no refusal then)."""
+    return models.context(model_cfg, config)
 
 
 def check_job(resolved: dict, config=None) -> None:
@@ -150,9 +104,10 @@ def check_job(resolved: dict, config=None) -> None:
     context, where = model_context(model_cfg, config)
     too_long = [x for x in lengths if context is not None and x > context]
     if too_long:
+        yarn = ", model.yarn=true (YaRN)" if resolved["model"].get("yarn") is False else ""
         raise ConfigError(
             f"benchmark.lengths: {', '.join(map(str, too_long))} tokens > the {context}-token "
-            f"context of model {model_cfg['name']} ({where}); drop the length or use a "
+            f"context of model {model_cfg['name']} ({where}); drop the length{yarn} or use a "
             "longer-context model"
         )
 

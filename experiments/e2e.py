@@ -1,7 +1,7 @@
 """Time to first token (paper Fig. 1, Fig. 4c): the prefill of a whole model with a method as its
 prefill attention, and the breakdown of that time.
 
-For every length in ``e2e.lengths`` (default: 8K, 16K, ... up to the model's ``max_len``), one
+For every length in ``e2e.lengths`` (default: 8K, 16K, ... up to the model's context), one
 prompt of that many tokens is prefilled (``model(ids, use_cache=True, logits_to_keep=1)``, what
 ``generate`` does before its first token) by:
 
@@ -20,7 +20,9 @@ layers), and the rest (projections, MLPs, norms, logits). The
 attention bound is total / (total - selected layers' dense attention time) of the flash run: no
 method that only changes those layers' attention can beat it. Inputs are Paul Graham's essays in
 the model's tokens (``e2e.text=essays``), random token ids (``random``; always for random
-weights), or a text file.
+weights), or a text file. A GGUF model runs the dense ``dtype`` weights transformers dequantizes
+it to at load (the record's ``weights_format``). A length beyond the model's context (YaRN
+included: :func:`eval.models.context`) is refused before the model loads.
 """
 
 from __future__ import annotations
@@ -41,15 +43,21 @@ CPU_MAX_LEN = 4096  # a CPU runs the plain-PyTorch reference: longer prefills ta
 
 
 def lengths(e2e: dict, model_cfg: dict) -> list[int]:
-    """``e2e.lengths``, or powers of two from 8K up to the model's ``max_len``."""
+    """``e2e.lengths``, or powers of two from 8K up to the model's context
+    (:func:`eval.models.context`: ``max_len``, extended by YaRN); a length beyond it is refused."""
+    context, where = models.context(model_cfg)
     if e2e["lengths"]:
         out = [int(x) for x in e2e["lengths"]]
     else:
-        top = int(model_cfg.get("max_len") or 8192)
+        top = int(context or 8192)
         out = [8192 * 2**i for i in range(20) if 8192 * 2**i <= top]
-    bad = [x for x in out if x <= 0 or (model_cfg.get("max_len") and x > model_cfg["max_len"])]
+    bad = [x for x in out if x <= 0 or (context and x > context)]
     if bad:
-        raise ValueError(f"e2e.lengths {bad} outside 1..{model_cfg.get('max_len')} (model.max_len)")
+        yarn = "; model.yarn=true turns YaRN on" if model_cfg.get("yarn") is False else ""
+        raise ConfigError(
+            f"e2e.lengths {bad} outside 1..{context}: the context of model "
+            f"{model_cfg.get('name', '?')} ({where}){yarn}"
+        )
     return out
 
 
@@ -78,7 +86,7 @@ def _timed(model, ids: torch.Tensor, reps: int, sync) -> list[float]:
 
 def measure(model, ids, method: str | None, knobs: dict, e2e: dict, sync, warmup: int) -> dict:
     """One configuration at one length: median total and the plug-in's breakdown of that run."""
-    reps = max(1, int(e2e["reps"]))
+    reps = int(e2e["reps"])  # >= 1: checked with the config (experiments.common.MINIMUMS)
     if method is None:  # the stock model, no plug-in
         for _ in range(warmup):
             model(ids, use_cache=True, logits_to_keep=1)
@@ -171,6 +179,7 @@ def evaluate(resolved: dict) -> dict:
     return {
         "model": models.describe(model_cfg),
         "weights": model_cfg["weights"],
+        "weights_format": models.weights_format(model_cfg),  # GGUF: dense dtype weights, timed
         "text": "random token ids" if tok is None or e2e["text"] == "random" else e2e["text"],
         "dtype": model_cfg["dtype"],
         "rows": rows,

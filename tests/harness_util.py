@@ -32,3 +32,20 @@ def run_cli(args: list[str], results: Path, timeout: int = 120) -> subprocess.Co
            f"results_dir={results}", "progress=false", f"hydra.run.dir={results}/hydra",
            f"hydra.sweep.dir={results}/hydra_multi"]  # fmt: skip
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def qwen_gguf() -> Path | None:
+    """The real Qwen2.5-Coder-1.5B-Instruct GGUF (1.1 GB) where it is already on disk, else None:
+    ``$S2O_QWEN_GGUF``, or where conf/model/qwen25_coder_1p5b.yaml assembles it
+    (``<cache_dir>/qwen25-coder-1.5b/<gguf_file>``). Tests never fetch it (CI has no such file)."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    if os.environ.get("S2O_QWEN_GGUF"):
+        path = Path(os.environ["S2O_QWEN_GGUF"])
+        return path if path.is_file() else None
+    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "qwen25_coder_1p5b.yaml"),
+                                 resolve=True)  # fmt: skip
+    path = ROOT / cfg["cache_dir"] / "qwen25-coder-1.5b" / cfg["gguf_file"]
+    return path if path.is_file() else None

