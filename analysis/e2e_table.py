@@ -24,6 +24,8 @@ COLUMNS = (
     ("dense attn ms", "dense_attention_ms", ".1f"), ("rest ms", "rest_ms", ".1f"),
     ("total ms", "total_ms", ".1f"), ("vs flash", "speedup_vs_flash", ".2f"),
     ("vs cuDNN", "speedup_vs_cudnn", ".2f"), ("bound vs flash", "attention_bound_vs_flash", ".2f"),
+    ("Amdahl at density", "amdahl_bound_vs_flash", ".2f"),
+    ("share of Amdahl", "share_of_amdahl", ".2f"),
 )  # fmt: skip
 
 

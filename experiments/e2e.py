@@ -8,7 +8,9 @@ prompt of that many tokens is prefilled (``model(ids, use_cache=True, logits_to_
 - the dense model: Full through the plug-in with each SDPA backend of ``e2e.dense`` (default
   flash, FlashAttention-2, the paper's reference, and cuDNN), and the stock model (no plug-in,
   SDPA's own dispatch) when ``e2e.stock``;
-- the job's method (``method=...``) and every name in ``e2e.methods`` (their registered defaults).
+- the job's method (``method=...``) and every entry of ``e2e.methods``: a name (the method's
+  registered defaults) or a mapping ``{name: s2o, tau: 0.02}`` (other knobs, labelled
+  ``s2o_tau0.02``).
 
 Each prefill's time is the median of ``e2e.reps`` synchronized wall-clock runs (the upper median
 for an even count: the time of one run, the run whose breakdown is recorded); ``e2e.warmup``
@@ -35,6 +37,7 @@ from tqdm.auto import tqdm
 
 from eval import models
 from s2o.hf import sparse_prefill
+from s2o.methods import bind
 from s2o.methods.full import check_backend_usable
 
 from .common import ConfigError, JobContext, WandbLogger
@@ -129,9 +132,20 @@ def configurations(resolved: dict) -> list[tuple[str, str | None, dict]]:
     own = resolved["method_name"]
     if own != "full":
         out.append((own, own, dict(resolved["method"])))
-    for name in e2e["methods"] or []:
-        if name not in (own, "full"):
-            out.append((name, name, {}))
+    for item in e2e["methods"] or []:
+        if isinstance(item, str):
+            if item not in (own, "full"):
+                out.append((item, item, {}))
+            continue
+        knobs = dict(item)  # {name: s2o, tau: 0.02}: a method with other knobs than its defaults
+        name = knobs.pop("name", None)
+        if not isinstance(name, str) or not knobs:
+            raise ConfigError(
+                f"e2e.methods entry {item!r}: give a method name, or a mapping with `name` and "
+                "the knobs that differ from its defaults, e.g. {name: s2o, tau: 0.02}"
+            )
+        label = name + "_" + "_".join(f"{k}{v}" for k, v in sorted(knobs.items()))
+        out.append((label, name, knobs))
     return out
 
 
@@ -159,6 +173,12 @@ def evaluate(resolved: dict) -> dict:
                 f"e2e.dense={list(e2e['dense'])} on {device.type}: {exc}; on the CPU give "
                 f"e2e.dense=[flash] or [math]"
             ) from None
+    for label, method, knobs in configurations(resolved):  # bad knobs fail before the load
+        if method is not None:
+            try:
+                bind(method, **knobs)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"e2e configuration {label}: {exc}") from None
     model, tok = models.load(model_cfg, device, seed=resolved["seed"])
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if tok is None:
@@ -199,6 +219,12 @@ def derive(rows: list[dict]) -> None:
         attn = flash.get("sparse_attention_ms")
         if attn is not None and flash["total_ms"] > attn:
             r["attention_bound_vs_flash"] = flash["total_ms"] / (flash["total_ms"] - attn)
+            # Amdahl at the row's own density: the rest as dense, the selected layers' attention
+            # scaled by the density (estimation free): what a perfect kernel at that density gives
+            if r.get("density") is not None and r["label"] not in ("full_flash", "full_cudnn"):
+                ideal = flash["total_ms"] - attn + r["density"] * attn
+                r["amdahl_bound_vs_flash"] = flash["total_ms"] / ideal
+                r["share_of_amdahl"] = r["speedup_vs_flash"] / r["amdahl_bound_vs_flash"]
 
 
 def table(metrics: dict) -> str:

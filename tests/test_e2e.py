@@ -58,7 +58,8 @@ def test_e2e_job_records_breakdown_and_speedups(tmp_path):
             "model.arch.num_key_value_heads=2", "model.arch.head_dim=32"]  # fmt: skip
     rec = run_inprocess(
         ["kind=e2e", "model=llama31_8b", *SHRINK, *arch, "e2e.lengths=[256,384]",
-         "e2e.dense=[flash]", "e2e.methods=[pbs]", "e2e.reps=2", "e2e.warmup=0",
+         "e2e.dense=[flash]", "e2e.methods=[pbs,{name:s2o,tau:0.05}]", "e2e.reps=2",
+         "e2e.warmup=0",
          "method.segment_len=128", "method.block_m=32", "method.block_n=32", "tau=0.3",
          "device=cpu"],
         tmp_path,
@@ -69,13 +70,24 @@ def test_e2e_job_records_breakdown_and_speedups(tmp_path):
     assert m["weights"] == "random" and m["text"] == "random token ids"
     rows = {(r["L"], r["label"]): r for r in m["rows"]}
     assert set(rows) == {
-        (L, c) for L in (256, 384) for c in ("full_flash", "sdpa_stock", "s2o", "pbs")
+        (L, c)
+        for L in (256, 384)
+        for c in ("full_flash", "sdpa_stock", "s2o", "pbs", "s2o_tau0.05")
     }
+    # a smaller tau stops later: at least the default row's (tau=0.3) density
+    assert rows[(384, "s2o_tau0.05")]["density"] >= rows[(384, "s2o")]["density"]
     s2o, flash = rows[(384, "s2o")], rows[(384, "full_flash")]
     assert s2o["sparse_layers"] == [0, 1] and 0 < s2o["density"] < 1
     assert len(s2o["wall_ms"]) == 2 and s2o["total_ms"] > 0
     assert s2o["speedup_vs_flash"] == pytest.approx(flash["total_ms"] / s2o["total_ms"])
     assert flash["attention_bound_vs_flash"] > 1
+    attn = flash["sparse_attention_ms"]  # Amdahl at the row's density, from the flash run
+    ideal = flash["total_ms"] - attn + s2o["density"] * attn
+    assert s2o["amdahl_bound_vs_flash"] == pytest.approx(flash["total_ms"] / ideal)
+    assert s2o["share_of_amdahl"] == pytest.approx(
+        s2o["speedup_vs_flash"] / s2o["amdahl_bound_vs_flash"]
+    )
+    assert "amdahl_bound_vs_flash" not in flash
     parts = s2o["estimate_ms"] + s2o["sparse_attention_ms"] + s2o["rest_ms"]
     assert parts == pytest.approx(s2o["total_ms"], rel=0.5)  # events of the median run vs its wall
 
@@ -122,3 +134,14 @@ def test_e2e_on_a_cpu_refuses_a_cuda_only_dense_backend_before_loading(tmp_path)
     assert rec["status"] == "error" and "backend='cudnn' needs CUDA tensors" in rec["error"]
     assert "e2e.dense=[flash] or [math]" in rec["error"]
     assert rec["elapsed_s"] < 5, "the model was loaded before the backends were checked"
+
+
+def test_e2e_method_entries_with_knobs_are_checked_before_loading(tmp_path):
+    for entry, words in (("{name:s2o,bogus:1}", "bogus"), ("{tau:0.1}", "a mapping with `name`")):
+        rec = run_inprocess(
+            ["kind=e2e", "model=gemma3_270m", "device=cpu", "e2e.lengths=[512]",
+             "e2e.dense=[flash]", f"e2e.methods=[{entry}]"],
+            tmp_path,
+        )  # fmt: skip
+        assert rec["status"] == "error" and words in rec["error"], rec["error"]
+        assert rec["elapsed_s"] < 5, "the model was loaded before the entries were checked"
