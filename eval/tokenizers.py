@@ -144,6 +144,7 @@ class GGUFVocab:
     add_space_prefix: bool
     chat_template: str | None = None
     specials: dict[str, int] = field(default_factory=dict)
+    unk_id: int | None = None
 
 
 def read_vocab(path: str | Path) -> GGUFVocab:
@@ -171,6 +172,7 @@ def read_vocab(path: str | Path) -> GGUFVocab:
         add_space_prefix=bool(get("tokenizer.ggml.add_space_prefix", False)),
         chat_template=get("tokenizer.chat_template"),
         specials=specials,
+        unk_id=get("tokenizer.ggml.unknown_token_id"),
     )
 
 
@@ -240,6 +242,12 @@ def _sentencepiece_encoder(vocab: GGUFVocab) -> Callable[[str], list[int]]:
     proto.trainer_spec.model_type = pb.TrainerSpec.BPE
     proto.trainer_spec.vocab_size = len(vocab.tokens)
     proto.trainer_spec.byte_fallback = 6 in vocab.types
+    # One UNKNOWN piece, as SentencePiece requires (before 0.2.3 it refuses a model without):
+    # the file's unknown_token_id (Gemma 3's GGUF types its <unk> as control). BOS/EOS/PAD are
+    # not SentencePiece's to add here: encode() adds BOS as the file says.
+    unk = vocab.unk_id if vocab.unk_id is not None else (vocab.types + [2]).index(2)
+    proto.trainer_spec.unk_id = unk
+    proto.trainer_spec.bos_id = proto.trainer_spec.eos_id = proto.trainer_spec.pad_id = -1
     proto.normalizer_spec.name = "identity"
     proto.normalizer_spec.add_dummy_prefix = vocab.add_space_prefix
     proto.normalizer_spec.remove_extra_whitespaces = False
@@ -248,7 +256,7 @@ def _sentencepiece_encoder(vocab: GGUFVocab) -> Callable[[str], list[int]]:
     for i, (tok, ty, sc) in enumerate(zip(vocab.tokens, vocab.types, scores)):
         p = proto.pieces.add()
         p.piece, p.score = tok or f"<empty_{i}>", float(sc)
-        p.type = ty if ty in (1, 2, 3, 4, 5, 6) else 1
+        p.type = 2 if i == unk else (ty if ty in (1, 3, 4, 5, 6) else 1)
     sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
     return lambda text: list(sp.encode(text)) if text else []
 
