@@ -73,3 +73,68 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- time to first token against dense SDPA, with each method's Amdahl bound --------------------
+
+DENSE = ("full_flash", "full_cudnn", "sdpa_stock")
+TARGET_SHARE = 0.85  # a sparse method within 15% of its own Amdahl bound (the TTFT targets)
+
+
+def ttft_frame(recs: list[dict]) -> pd.DataFrame:
+    """One row per (length, sparse configuration) of e2e records that hold ``sdpa_stock`` and
+    ``full_cudnn`` at that length: the speedup over dense SDPA (the stock model, SDPA's own
+    dispatch) and over cuDNN, and the Amdahl bound at the row's own density against dense SDPA:
+    ``stock / (rest + density x attention)``, with the rest and the attention of the fastest
+    dense kernel (the cuDNN run; estimation counted as free), and the share of it reached."""
+    out = []
+    for rec in recs:
+        rows = {(r["L"], r["label"]): r for r in rec["metrics"]["rows"] if "error" not in r}
+        for (L, label), r in sorted(rows.items()):
+            stock, cudnn = rows.get((L, "sdpa_stock")), rows.get((L, "full_cudnn"))
+            if label in DENSE or stock is None or cudnn is None or r.get("density") is None:
+                continue
+            attn = cudnn["sparse_attention_ms"]
+            bound = stock["total_ms"] / (cudnn["total_ms"] - attn + r["density"] * attn)
+            speedup = stock["total_ms"] / r["total_ms"]
+            out.append({
+                "L": L, "config": label, "density": r["density"], "total ms": r["total_ms"],
+                "dense SDPA ms": stock["total_ms"], "vs SDPA": speedup,
+                "vs cuDNN": cudnn["total_ms"] / r["total_ms"], "Amdahl bound": bound,
+                "share of bound": speedup / bound, "estimate ms": r["estimate_ms"],
+                "sparse attn ms": r["sparse_attention_ms"], "rest ms": r["rest_ms"],
+                "target": "met" if speedup / bound >= TARGET_SHARE and speedup >= 1 else "missed",
+            })  # fmt: skip
+    order = {"s2o": 0, "flexprefill": 2, "xattn": 3, "pbs": 4}
+    out.sort(key=lambda r: (r["L"], order.get(r["config"].split("_")[0], 5), r["config"]))
+    return pd.DataFrame(out)
+
+
+TTFT_FORMATS = {
+    "density": ".3f", "total ms": ".1f", "dense SDPA ms": ".1f", "vs SDPA": ".2f",
+    "vs cuDNN": ".2f", "Amdahl bound": ".2f", "share of bound": ".3f", "estimate ms": ".1f",
+    "sparse attn ms": ".1f", "rest ms": ".1f",
+}  # fmt: skip
+
+
+def ttft_figure(df: pd.DataFrame, title: str, out: Path) -> str:
+    """Speedup over dense SDPA per length and configuration (bars) with each one's Amdahl bound
+    at its density (black ticks)."""
+    from analysis.plotting import save, setup
+
+    plt = setup()
+    lengths = sorted(df["L"].unique())
+    configs = list(dict.fromkeys(df["config"]))
+    width = 0.8 / len(configs)
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    for j, name in enumerate(configs):
+        sub = df[df["config"] == name].set_index("L").reindex(lengths)
+        x = [i + (j - (len(configs) - 1) / 2) * width for i in range(len(lengths))]
+        ax.bar(x, sub["vs SDPA"], width, label=name)
+        ax.scatter(x, sub["Amdahl bound"], marker="_", s=120, color="black", zorder=3)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(lengths)), [f"{int(v) // 1024}K" for v in lengths])
+    ax.set_ylabel("speedup over dense SDPA (TTFT)")
+    ax.set_title(title + " (black: Amdahl bound at each method's density)", fontsize=8)
+    ax.legend(fontsize=7, ncol=3)
+    return save(fig, out)

@@ -145,3 +145,23 @@ def test_e2e_method_entries_with_knobs_are_checked_before_loading(tmp_path):
         )  # fmt: skip
         assert rec["status"] == "error" and words in rec["error"], rec["error"]
         assert rec["elapsed_s"] < 5, "the model was loaded before the entries were checked"
+
+
+def test_ttft_frame_gives_the_amdahl_bound_against_dense_sdpa():
+    from analysis.e2e_table import ttft_frame
+
+    rows = [
+        {"L": 8, "label": "sdpa_stock", "total_ms": 100.0},
+        {"L": 8, "label": "full_cudnn", "total_ms": 110.0, "sparse_attention_ms": 60.0},
+        {"L": 8, "label": "s2o", "total_ms": 80.0, "density": 0.5, "estimate_ms": 5.0,
+         "sparse_attention_ms": 25.0, "rest_ms": 50.0},
+        {"L": 8, "label": "pbs", "total_ms": 120.0, "density": 0.5, "estimate_ms": 5.0,
+         "sparse_attention_ms": 65.0, "rest_ms": 50.0},
+        {"L": 16, "label": "s2o", "total_ms": 1.0, "density": 0.1},  # no dense rows: left out
+    ]  # fmt: skip
+    df = ttft_frame([{"metrics": {"rows": rows}}]).set_index("config")
+    assert list(df.index) == ["s2o", "pbs"]
+    assert df.loc["s2o", "Amdahl bound"] == pytest.approx(100 / (50 + 0.5 * 60))
+    assert df.loc["s2o", "vs SDPA"] == pytest.approx(100 / 80)
+    assert df.loc["s2o", "share of bound"] == pytest.approx((100 / 80) / (100 / 80))
+    assert df.loc["s2o", "target"] == "met" and df.loc["pbs", "target"] == "missed"
