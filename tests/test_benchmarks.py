@@ -258,3 +258,16 @@ def test_bench_tables_print_every_record(records, capsys):
     assert text.count("\n## ") + text.startswith("## ") == len(old) + len(new)
     assert "| 131072 | 429.77 | 250.62 | 7.90 | 354.79 | 0.002 | 0.410 |" in text  # run8, cub
     assert "| 128 | False |" in text and "full_math" in text
+
+
+def test_profile_prefill_configs_and_refusals():
+    from benchmarks import profile_prefill as pp
+
+    assert pp._configs("[s2o, {name: full, backend: cudnn}, {name: s2o, tau: 0.02}]") == [
+        ("s2o", "s2o", {}),
+        ("full_backendcudnn", "full", {"backend": "cudnn"}),
+        ("s2o_tau0.02", "s2o", {"tau": 0.02}),
+    ]
+    for bad in ("[]", "[{tau: 0.1}]"):
+        with pytest.raises(SystemExit):
+            pp._configs(bad)
