@@ -9,8 +9,8 @@ estimation, attention and the rest; this says which kernels inside them).
 ``--configs`` is a YAML list as ``e2e.methods`` takes it: method names (their defaults) or
 mappings with ``name`` and knobs, e.g. ``'[s2o, {name: full, backend: cudnn}]'``, profiled one
 after the other on one loaded model. The report (``profile_<model>_<L>_<config>.txt`` in ``--out``)
-holds the environment, the profiled prefill's wall time, and the top kernels by self device time
-with their share of all device time. Prompt: Paul Graham's essays in the model's tokens, as
+holds the environment, the profiled prefill's wall time, and the top GPU kernels by device time
+with their share of all kernel time. Prompt: Paul Graham's essays in the model's tokens, as
 ``kind=e2e``.
 """
 
@@ -54,6 +54,7 @@ def _prefill(model, ids):
 
 def profile(model, ids, method: str, knobs: dict, top: int) -> tuple[str, float]:
     """``(report table, wall ms of the profiled prefill)`` of one warm prefill."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -66,14 +67,18 @@ def profile(model, ids, method: str, knobs: dict, top: int) -> tuple[str, float]
             _prefill(model, ids)
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e3
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    # GPU kernels only (an aten op's device time is its kernels' again); CUPTI's "Command Buffer
+    # Full" marks a full launch queue, not GPU work
+    events = [e for e in prof.key_averages()
+              if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
+              and e.key != "Command Buffer Full"]  # fmt: skip
     total = sum(e.self_device_time_total for e in events)
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
     rows = [f"{'self device ms':>15} {'share':>6} {'calls':>6}  kernel / op"]
     for e in events[:top]:
         ms = e.self_device_time_total / 1e3
         rows.append(f"{ms:>15.2f} {ms * 1e3 / total:>6.1%} {e.count:>6}  {e.key[:110]}")
-    rows.append(f"{total / 1e3:>15.2f} {'100%':>6} {'':>6}  all device time (self)")
+    rows.append(f"{total / 1e3:>15.2f} {'100%':>6} {'':>6}  all GPU kernel time")
     return "\n".join(rows), wall
 
 
