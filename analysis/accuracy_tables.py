@@ -7,10 +7,13 @@ from kind=accuracy records (reads records and their samples.jsonl only).
 Per benchmark and model, one markdown table per (task, length) cell plus a pooled ``all`` cell per
 length: one row per record (method, and the knobs that differ between its records), accuracy % with
 its 95% interval, mean prefill density and sparsity, n, and the paired comparison with the ``full``
-record on the same sample ids (McNemar's exact test for 0/1 scores, a paired bootstrap otherwise);
-differences with p >= 0.05 are marked "not significant". Where the model is the paper's, its number
-sits beside ours. The figure: accuracy (interval bars) against mean density, per cell, one series
-per method. Default outputs (git-ignored):
+record on the same sample ids: the difference with its 95% paired bootstrap interval, an exact
+test (McNemar's for 0/1 scores, a sign-flip permutation test otherwise: ``eval/significance.py``),
+its p adjusted for the page's family of comparisons (every "vs full" comparison of one benchmark
+and model, every cell: Holm by default, ``CORRECTION``), and the minimum detectable difference at
+the cell's n. Differences with adjusted p >= 0.05 are marked "not significant". Where the model is
+the paper's, its number sits beside ours. The figure: accuracy (interval bars) against mean
+density, per cell, one series per method. Default outputs (git-ignored):
 ``outputs/analysis/accuracy_<benchmark>_<model>.{md,png}``.
 """
 
@@ -18,20 +21,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis.records import SCRATCH, paper_numbers
 from analysis.tables import markdown
-from eval.significance import compare_paired, score_interval
+from eval.significance import EXACT_MAX, POWER, adjust_p, compare_paired, score_interval
 from eval.tokenizers import faulty_tokenizer
 
 ORDER = ("full", "s2o", "flexprefill", "xattn", "pbs")  # rows and figure series, others after
 MAIN_KNOB = {"s2o": "tau", "flexprefill": "gamma", "xattn": "threshold", "pbs": "threshold"}
 PAPER_MODELS = {"llama31_8b": "Llama-3.1-8B", "qwen3_8b": "Qwen3-8B"}
 ALPHA = 0.05
+CORRECTION = "holm"  # the page's family of comparisons: "holm" (family-wise) or "bh" (FDR)
+CORRECTION_NAME = {"holm": "Holm", "bh": "BH"}
 
 
 def load(path: Path) -> dict:
@@ -140,16 +147,32 @@ def _f(x, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _p_text(p: float, resolution: float, short: bool = False) -> str:
+    """``p=0.0123`` for an exact p or one above its floor; a Monte Carlo p at its floor (the
+    smallest it can be: no resample as extreme) as ``p<=resolution``, never a smaller number.
+    Without the ``p`` unless ``short`` (a figure title)."""
+    if resolution and p <= resolution * (1 + 1e-9):
+        return f"p<={resolution:.2g}" if short else f"<={resolution:.2g} (resolution)"
+    return f"p={p:.3g}" if short else f"{p:.3g}"
+
+
 def _cmp_text(c: dict | None) -> list[str]:
+    """vs full, its 95% interval, the test, raw p, adjusted p, MDD, the verdict (adjusted)."""
     if c is None:  # no full record, or no sample id shared with it
-        return ["-", "", ""]
+        return ["-", "", "", "", "", "", ""]
     diff = f"{100 * c['diff']:+.1f} (n={c['n']})"
-    p = f"p={c['p_value']:.3g}" if c["p_value"] > 0 else "p<1e-4"  # 10^4 bootstrap resamples
+    ci = f"[{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
     if c["test"] == "mcnemar_exact":
-        test = f"McNemar {c['n10']}/{c['n01']}, {p}"
+        test = f"McNemar {c['n10']}/{c['n01']}"
+    elif c["test"] == "sign_flip_exact":
+        test = f"sign-flip exact (2^{c['nonzero']})"
     else:
-        test = f"bootstrap [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}], {p}"
-    return [diff, test, "not significant" if c["p_value"] >= ALPHA else "significant"]
+        test = f"sign-flip MC ({c['resamples']:,})"
+    at_floor = c["resolution"] and c["p_value"] <= c["resolution"] * (1 + 1e-9)
+    adj = ("<=" if at_floor else "") + f"{c['p_adj']:.3g}"
+    verdict = "not significant" if c["p_adj"] >= ALPHA else "significant"
+    return [diff, ci, test, _p_text(c["p_value"], c["resolution"]), adj,
+            f"{100 * c['mdd']:.1f}", verdict]  # fmt: skip
 
 
 def weights(model: dict) -> str:
@@ -173,10 +196,13 @@ def tokenizer_note(rec: dict) -> str | None:
     return faulty_tokenizer(model.get("gguf_file"), rec["environment"].get("transformers"))
 
 
-def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> str:
+def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
+           correction: str = CORRECTION) -> str:  # fmt: skip
     """Markdown tables of one benchmark and model (every record of ``recs``); ``only``: the
     tasks to show (``"all"`` is the pooled cell), every one when None; ``level``: the heading
-    level of the model (its cells one below)."""
+    level of the model (its cells one below); ``correction``: ``"holm"`` or ``"bh"``, applied to
+    the family of every "vs full" comparison of ``recs`` (every cell, shown or not, so a page's
+    pooled excerpt carries the page's adjusted p)."""
     bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
     paper = paper_numbers()["accuracy"].get(bench, {})
     random = recs[0]["config"]["model"].get("weights") == "random"
@@ -193,23 +219,8 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> st
     out.append(f"Paper's numbers: {paper['cite']}." if theirs else
                f"The model or its weights differ from the paper's ({papers}): no paper numbers "
                "beside ours.")  # fmt: skip
-    out.append(f"Paired comparisons against the newest `full` record holding the cell, on shared "
-               f"sample ids; not significant: p >= {ALPHA}. rel. MSE: each sparse layer's output "
-               "error against dense attention on the same Q/K/V, divided by the dense output's "
-               "mean square, averaged over layers and samples (`benchmark.measure_error=true`)."
-               if fulls else "No `full` record: no paired comparisons.")  # fmt: skip
-    timed = all(unshared_gpu(r["environment"]) for r in recs)
-    if timed:
-        out.append("prefill ms: the mean time of a sample's prefill (the method's attention in "
-                   "every layer, the rest dense; decoding excluded), on a GPU no other process "
-                   "shared.")  # fmt: skip
-    head = ["method", "acc % [95% CI]", "density", "sparsity", "rel. MSE",
-            *(["prefill ms"] if timed else []), "n", "vs full (pts)", "paired test",
-            "at 0.05"]  # fmt: skip
-    head += ["paper acc %", "paper sparsity"] if theirs else []
+    done = []  # (task, length, note, rows) of every cell: the family spans all of them
     for task, length in cell_keys(recs):
-        if only is not None and task not in only:
-            continue
         held = recs
         note = []
         if task == "all":  # pool only records that hold every task of this length
@@ -222,7 +233,37 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> st
             ]
         ref = next((r for r in fulls if r in held and cell(r, task, length)), None)
         rows = [x for r in held if (x := row(r, task, length, ref)) is not None]
-        if not rows:
+        if rows:
+            done.append((task, length, note, rows))
+    family = [x["cmp"] for *_, rows in done for x in rows if x["cmp"] is not None]
+    for c, q in zip(family, adjust_p([c["p_value"] for c in family], correction)):
+        c["p_adj"] = q
+    name = CORRECTION_NAME[correction]
+    out.append(f"Paired comparisons against the newest `full` record holding the cell, on shared "
+               "sample ids: the difference with its 95% paired bootstrap interval; McNemar's "
+               "exact test (0/1 scores, discordant pairs n10/n01) or a sign-flip permutation "
+               f"test of the mean difference (graded scores: every sign pattern up to {EXACT_MAX} "
+               "nonzero differences, else Monte Carlo, its p never below its resolution "
+               f"1/(patterns+1)). Family: the {len(family)} comparisons against `full` on this "
+               f"page (every task and pooled cell); p {name}: {name}-adjusted over that family; "
+               f"not significant: adjusted p >= {ALPHA}. MDD: the smallest difference (pts) "
+               f"these n pairs detect with {POWER:.0%} power at two-sided {ALPHA} (normal "
+               "approximation, before adjustment; `eval/significance.py`): a loss this large "
+               "could hide in a 'not significant' row. rel. MSE: each sparse layer's output "
+               "error against dense attention on the same Q/K/V, divided by the dense output's "
+               "mean square, averaged over layers and samples (`benchmark.measure_error=true`)."
+               if fulls else "No `full` record: no paired comparisons.")  # fmt: skip
+    timed = all(unshared_gpu(r["environment"]) for r in recs)
+    if timed:
+        out.append("prefill ms: the mean time of a sample's prefill (the method's attention in "
+                   "every layer, the rest dense; decoding excluded), on a GPU no other process "
+                   "shared.")  # fmt: skip
+    head = ["method", "acc % [95% CI]", "density", "sparsity", "rel. MSE",
+            *(["prefill ms"] if timed else []), "n", "vs full (pts)", "95% CI (pts)",
+            "paired test", "p", f"p {name}", "MDD (pts)", "at 0.05"]  # fmt: skip
+    head += ["paper acc %", "paper sparsity"] if theirs else []
+    for task, length, note, rows in done:
+        if only is not None and task not in only:
             continue
         rows.sort(key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"]))
         small = " (n < 50)" if any(x["n"] < 50 for x in rows) else ""
@@ -233,7 +274,7 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2) -> st
             cols = [x["label"], f"{x['acc']:.1f} [{x['lo']:.1f}, {x['hi']:.1f}]", _f(d, ".3f"),
                     _f(None if d is None else 1 - d, ".3f"), _f(x["rel_mse"], ".2e"),
                     *([_f(x["prefill_ms"], ".1f")] if timed else []), str(x["n"]),
-                    *(["(reference)", "", ""] if x["ref"] else _cmp_text(x["cmp"]))]  # fmt: skip
+                    *(["(reference)"] + [""] * 6 if x["ref"] else _cmp_text(x["cmp"]))]  # fmt: skip
             if theirs:
                 key = task if length is None else f"{task}@{length}"
                 p = theirs.get(x["method"], {}).get(key)
@@ -323,22 +364,49 @@ def figure(recs: list[dict], out: Path) -> Path:
     return out
 
 
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (Pearson's on average ranks, ties shared); None under 3
-    points or for a constant series."""
-    import pandas as pd
+def _resolved(xs: list[float]) -> np.ndarray:
+    """Values rounded to 9 significant digits: accuracies that differ by float noise
+    (8.999999999999998 vs 9.000000000000002, means of the same scores summed in another order)
+    become equal and tie."""
+    return np.array([float(f"{x:.9g}") for x in xs])
+
+
+def spearman(xs: list[float], ys: list[float], n_resamples: int = 99_999, seed: int = 0):
+    """Spearman's rank correlation of ``xs`` and ``ys`` on values rounded to their resolution
+    (``_resolved``), tied values sharing their average rank (``scipy.stats.spearmanr``), and a
+    two-sided permutation p (``scipy.stats.permutation_test`` over the pairings of ``ys`` with
+    ``xs``: every pairing when n! <= ``n_resamples``, n <= 8 at the default, else
+    ``n_resamples`` random ones, whose two-sided p, 2 * (1 + tail hits) / (n_resamples + 1), is
+    never below ``resolution`` = 2 / (n_resamples + 1)). A dict
+    ``rho``, ``p_value``, ``resolution``, ``n``; None under 3 points or for a constant series."""
+    from scipy import stats
 
     if len(xs) < 3:
         return None
-    rho = pd.Series(xs).rank().corr(pd.Series(ys).rank())
-    return None if pd.isna(rho) else float(rho)
+    x, y = _resolved(xs), _resolved(ys)
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return None
+    rx = stats.rankdata(x) - (len(x) + 1) / 2  # centred ranks; permuting y's ranks = permuting y
+
+    def rho(ry, axis=-1):
+        ry = np.moveaxis(ry, axis, -1)
+        ry = ry - ry.mean(axis=-1, keepdims=True)
+        return (ry @ rx) / np.sqrt((ry * ry).sum(axis=-1) * (rx @ rx))
+
+    ry = stats.rankdata(y)
+    test = stats.permutation_test((ry,), rho, permutation_type="pairings", vectorized=True,
+                                  n_resamples=n_resamples, rng=seed)  # fmt: skip
+    exact = math.factorial(len(x)) <= n_resamples
+    return {"rho": float(stats.spearmanr(x, y).statistic), "p_value": float(test.pvalue),
+            "resolution": 0.0 if exact else 2 / (n_resamples + 1), "n": len(x)}  # fmt: skip
 
 
 def error_figure(recs: list[dict], out: Path) -> Path | None:
     """Accuracy against operator error (mean relative MSE of the sparse layers, log scale) per
     (task, length), every sparse record one point coloured by method, the ``full`` accuracy a
-    line; each panel gives Spearman's rho between error and accuracy over its points. None when
-    no record measured its error (``benchmark.measure_error=true``)."""
+    line; each panel gives Spearman's rho between error and accuracy over its points, with its
+    permutation p (``spearman``). None when no record measured its error
+    (``benchmark.measure_error=true``)."""
     keys = [k for k in cell_keys(recs) if k[0] != "all"]
     pts = {k: [(r, x) for r in recs if r["method"] != "full"
                and (x := row(r, *k, None)) and x["rel_mse"]] for k in keys}  # fmt: skip
@@ -362,8 +430,10 @@ def error_figure(recs: list[dict], out: Path) -> Path | None:
         full = [x for r in recs if r["method"] == "full" and (x := row(r, *key, None))]
         if full:
             handles["full"] = ax.axhline(full[0]["acc"], color="C0", lw=1, ls="--")
-        rho = spearman([x["rel_mse"] for _, x in pts[key]], [x["acc"] for _, x in pts[key]])
-        rho_text = "-" if rho is None else f"{rho:+.2f}"
+        sp = spearman([x["rel_mse"] for _, x in pts[key]], [x["acc"] for _, x in pts[key]])
+        rho_text = "-"
+        if sp is not None:
+            rho_text = f"{sp['rho']:+.2f}, {_p_text(sp['p_value'], sp['resolution'], True)}"
         ax.set_title(f"{key[0]}, {_f(key[1], 'd')}: rho={rho_text} ({len(pts[key])} pts)",
                      fontsize=9)  # fmt: skip
         ax.set_xscale("log")

@@ -1,6 +1,7 @@
 """analysis/accuracy_tables.py on hand-made kind=accuracy records: rows, paired comparisons (McNemar
-on a constructed 2x2, a paired bootstrap on fractional scores), the "not significant" flag, the
-paper's numbers beside ours, and a byte-identical figure."""
+on a constructed 2x2, the exact sign-flip test on fractional scores), Holm adjustment over the
+page's family and the "not significant" flag it sets, the paper's numbers beside ours, and a
+byte-identical figure."""
 
 from __future__ import annotations
 
@@ -75,16 +76,39 @@ def test_table_rows_and_paired_comparisons(root, tmp_path):
     rows = _rows(text, "### niah_single_1, length 1024 (n < 50)")
     assert list(rows) == ["full", "s2o tau=0.1", "s2o tau=0.01"], rows  # density descending
     assert rows["full"][1:6] == ["50.0 [29.9, 70.1]", "1.000", "0.000", "-", "20"], rows["full"]
-    assert rows["full"][6:] == ["(reference)", "", ""]
-    p_lossy = 2 / 2**7
-    assert rows["s2o tau=0.01"][6:] == [
-        "-35.0 (n=20)", f"McNemar 0/7, p={p_lossy:.3g}", "significant"]  # fmt: skip
-    assert rows["s2o tau=0.1"][6:] == ["-5.0 (n=20)", "McNemar 1/2, p=1", "not significant"]
+    assert rows["full"][6:] == ["(reference)"] + [""] * 6
+    # the family: 2 sparse records x 3 cells. Raw p: niah McNemar 0/7 -> 2/2^7, 1/2 -> 1; vt
+    # (five -0.5 differences each) sign-flip 2/2^5; pooled tau=0.01 (12 losses) 2/2^12, pooled
+    # tau=0.1 (-1, -1, +1, five -0.5) 38/2^8. Holm: 6 * 2/2^12, then 5 * 2/2^7 = 0.078125.
+    assert "Family: the 6 comparisons" in text
+    lossy = rows["s2o tau=0.01"]
+    assert lossy[6] == "-35.0 (n=20)" and lossy[8:10] == ["McNemar 0/7", f"{2 / 2**7:.3g}"]
+    # raw p = 0.0156 < 0.05 but Holm-adjusted 0.0781: no longer significant
+    assert lossy[10:] == ["0.0781", "39.2", "not significant"], lossy  # MDD: k^2/n, k = 2.80
+    assert rows["s2o tau=0.1"][8:11] == ["McNemar 1/2", "1", "1"]
+    assert rows["s2o tau=0.1"][12] == "not significant"
+    assert lossy[7].startswith("[-") and lossy[7].endswith("]"), lossy  # bootstrap interval
     vt = _rows(text, "### vt, length 1024")
-    assert vt["s2o tau=0.1"][7].startswith("bootstrap ["), vt
+    assert vt["s2o tau=0.1"][8:11] == ["sign-flip exact (2^5)", "0.0625", "0.25"], vt
     assert vt["s2o tau=0.1"][6] == "-12.5 (n=20)"
     pooled = _rows(text, "### all, length 1024")
     assert pooled["full"][5] == "40", pooled
+    assert pooled["s2o tau=0.01"][9:] == [f"{2 / 2**12:.3g}", f"{6 * 2 / 2**12:.3g}",
+                                          pooled["s2o tau=0.01"][11], "significant"]  # fmt: skip
+    assert pooled["s2o tau=0.1"][9] == f"{38 / 2**8:.3g}"
+
+
+def test_benjamini_hochberg_option(root):
+    """The same family under BH: sorted raw p 2/2^12, 2/2^7, 2/2^5, 2/2^5, 38/2^8, 1 give the
+    niah loss 6/2 * 2/2^7 = 0.0469 (min over the ranks above it), significant at 0.05."""
+    recs = [at.load(p) for p in at.find(root)]
+    at.labels(recs)
+    text = at.tables(recs, correction="bh")
+    rows = _rows(text, "### niah_single_1, length 1024 (n < 50)")
+    assert "| p BH |" in text and "BH-adjusted over that family" in text
+    assert rows["s2o tau=0.01"][10:13:2] == ["0.0469", "significant"], rows["s2o tau=0.01"]
+    vt = _rows(text, "### vt, length 1024")
+    assert vt["s2o tau=0.1"][10] == f"{6 / 4 * 2 / 2**5:.3g}"  # rank 4 of 6: 0.09375
 
 
 def test_mcnemar_p_on_the_constructed_table(root):
@@ -161,10 +185,10 @@ def test_pooled_cell_holds_only_records_with_every_task(root, tmp_path):
 
 
 def test_spearman_hand_computed():
-    assert at.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert at.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert at.spearman([1, 2, 3, 4], [10, 20, 30, 40])["rho"] == pytest.approx(1.0)
+    assert at.spearman([1, 2, 3, 4], [4, 3, 2, 1])["rho"] == pytest.approx(-1.0)
     # ranks x: 0,1,2,3; y (ties averaged): 0.5,0.5,2,3 -> cov 4.5, var 5 and 4.5
-    assert at.spearman([1, 2, 3, 4], [5, 5, 6, 7]) == pytest.approx(4.5 / (5 * 4.5) ** 0.5)
+    assert at.spearman([1, 2, 3, 4], [5, 5, 6, 7])["rho"] == pytest.approx(4.5 / (5 * 4.5) ** 0.5)
     assert at.spearman([1, 2], [1, 2]) is None and at.spearman([1, 2, 3], [1, 1, 1]) is None
 
 

@@ -24,7 +24,7 @@ DIST = {  # import name -> distribution name
     "wonderwords": "wonderwords", "rouge_score": "rouge-score", "jieba": "jieba",
     "datasets": "datasets", "gguf": "gguf", "sentencepiece": "sentencepiece",
     "tiktoken": "tiktoken", "regex": "regex", "huggingface_hub": "huggingface-hub",
-    "packaging": "packaging",
+    "packaging": "packaging", "scipy": "scipy",
 }  # fmt: skip
 # Declared but not imported by name: tools, Hydra launchers loaded through `_target_`, and what
 # transformers loads GGUF files with.
