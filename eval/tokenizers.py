@@ -33,6 +33,7 @@ project accepts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -148,7 +149,15 @@ class GGUFVocab:
 
 
 def read_vocab(path: str | Path) -> GGUFVocab:
-    """The tokenizer fields of the GGUF file at ``path`` (needs the ``gguf`` package)."""
+    """The tokenizer fields of the GGUF file at ``path`` (needs the ``gguf`` package); read once
+    per process while the file's size and modification time stay the same (opening a GGUF parses
+    all its tensors: seconds)."""
+    st = Path(path).stat()
+    return _read_vocab(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_vocab(path: str, size: int, mtime_ns: int) -> GGUFVocab:
     from gguf import GGUFReader
 
     fields = GGUFReader(str(path)).fields
