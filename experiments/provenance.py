@@ -135,7 +135,8 @@ def gpu_processes(device) -> int | None:
 
 def environment(device, git_rev: str | None) -> dict:
     """The ``environment`` block of every record (harness runs and benchmarks): the device and
-    its model, driver, torch / Triton / CUDA / transformers versions, git revision, host, time,
+    its model, driver, torch / Triton / CUDA / transformers versions, code revision
+    (:func:`code_revision`), host, time,
     and on a GPU how many processes shared it (:func:`gpu_processes`)."""
     import torch
 
@@ -155,7 +156,9 @@ def environment(device, git_rev: str | None) -> dict:
         "cuda": torch.version.cuda,
         "transformers": _package_version("transformers"),
         "python": platform.python_version(),
-        "git_revision": git_revision(git_rev),
+        # with +dirty.<hash> when the code differs from that commit: a GPU machine's copy of the
+        # tree can carry a stale .git, and its records must not pass for that commit
+        "git_revision": code_revision(git_rev),
         "hostname": socket.gethostname(),
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu_threads": torch.get_num_threads(),

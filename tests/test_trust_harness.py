@@ -334,3 +334,12 @@ def test_bench_ms_refuses_rep_below_one():
 
     with pytest.raises(ValueError, match=r"timing.rep=0 must be >= 1"):
         bench_ms(lambda: None, torch.device("cpu"), {"warmup": 0, "rep": 0})
+
+
+def test_records_name_the_code_revision_with_its_dirty_marker():
+    """A record's environment names the code it ran (a tree whose code differs from HEAD, such as
+    a GPU machine's copy with a stale .git, gets +dirty.<hash>), or the revision given."""
+    from experiments.provenance import code_revision, environment
+
+    assert environment("cpu", None)["git_revision"] == code_revision(None)
+    assert environment("cpu", "abc1234")["git_revision"] == "abc1234"
