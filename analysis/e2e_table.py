@@ -17,6 +17,7 @@ import pandas as pd
 
 from analysis.records import device_label
 from analysis.tables import markdown
+from experiments.e2e import amdahl_ms
 
 COLUMNS = (
     ("config", "label", None), ("L", "L", None), ("density", "density", ".3f"),
@@ -94,8 +95,7 @@ def ttft_frame(recs: list[dict]) -> pd.DataFrame:
             stock, cudnn = rows.get((L, "sdpa_stock")), rows.get((L, "full_cudnn"))
             if label in DENSE or stock is None or cudnn is None or r.get("density") is None:
                 continue
-            attn = cudnn["sparse_attention_ms"]
-            bound = stock["total_ms"] / (cudnn["total_ms"] - attn + r["density"] * attn)
+            bound = stock["total_ms"] / amdahl_ms(cudnn, r["density"])
             speedup = stock["total_ms"] / r["total_ms"]
             out.append({
                 "L": L, "config": label, "density": r["density"], "total ms": r["total_ms"],

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import sys
+import weakref
 import zipfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager
@@ -194,11 +195,13 @@ def gguf_tokenizer(gguf_path: Path, model_cfg: dict):
         f"strings ({'cache' if info.cached else 'built'}, {info.load_s:.1f} s)",
         file=sys.stderr,
     )
-    _VERIFIED[id(tokenizer)] = info.summary()
+    _VERIFIED[tokenizer] = info.summary()
     return tokenizer
 
 
-_VERIFIED: dict[int, dict] = {}
+# tokenizer -> how it was verified; weak keys: a freed tokenizer's entry goes with it (an id()
+# key could be reused by a later, unverified tokenizer)
+_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def tokenizer_summary(tokenizer) -> dict:
@@ -209,7 +212,7 @@ def tokenizer_summary(tokenizer) -> dict:
 
     from .tokenizers import fingerprint
 
-    info = _VERIFIED.get(id(tokenizer))
+    info = _VERIFIED.get(tokenizer)
     return {
         "fingerprint": info["fingerprint"] if info else fingerprint(tokenizer),
         "transformers": md.version("transformers"),

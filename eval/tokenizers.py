@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import files
+
 # Bump when how a tokenizer is built or verified changes: cached tokenizers are rebuilt, and a
 # run's identity (experiments.common.model_fingerprint) changes with it.
 VERIFY_VERSION = 1
@@ -345,15 +347,6 @@ def _split_keep(pattern, text: str) -> list[str]:
 # -- building, verifying and caching -----------------------------------------------------------
 
 
-def file_sha256(path: str | Path) -> str:
-    """The sha256 of a file (hex), read in 16 MB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def reference_ids(vocab: GGUFVocab) -> dict[str, list[int]]:
     """``{probe: ids}`` by the independent implementation, for :func:`probes_for`."""
     encode = reference_encoder(vocab)
@@ -426,7 +419,7 @@ def load_verified(gguf_path: str | Path, cache_dir: str | Path, sha256: str | No
 
     t0 = time.perf_counter()
     gguf_path = Path(gguf_path)
-    sha = sha256 or file_sha256(gguf_path)
+    sha = sha256 or files.sha256(gguf_path)
     folder = Path(cache_dir) / f"{sha[:16]}-v{VERIFY_VERSION}"
     meta_file = folder / "verified.json"
     versions = _versions()
@@ -511,7 +504,7 @@ def write_table(gguf_path: str | Path, name: str, out_dir: Path = TABLES) -> Pat
     every probe (what the tests hold transformers' tokenizer to)."""
     vocab = read_vocab(gguf_path)
     table = {
-        "gguf": Path(gguf_path).name, "gguf_sha256": file_sha256(gguf_path),
+        "gguf": Path(gguf_path).name, "gguf_sha256": files.sha256(gguf_path),
         "tokenizer_model": vocab.model, "pre": vocab.pre, "add_bos": vocab.add_bos,
         "bos_id": vocab.bos_id, "reference": _reference_name(vocab),
         "expected": reference_ids(vocab),

@@ -17,7 +17,7 @@ stale samples are never reused. The job's metrics hold one cell per (task, lengt
 
 Refused before the model loads (:func:`check_job`, one line from run.py, exit code 2): an unknown
 benchmark or task, a length that is not a positive int or exceeds the model's context
-(:func:`model_context`), RULER without ``benchmark.n``. Ctrl-C ends the job with one line (samples
+(:func:`eval.models.context`), RULER without ``benchmark.n``. Ctrl-C ends the job with one line (samples
 saved, the command that resumes) and exit code 130; a rerun says how many samples it resumed.
 """
 
@@ -58,19 +58,11 @@ def record_path(resolved: dict) -> Path:
     return root / model / resolved["method_name"] / rid / "record.json"
 
 
-def model_context(model_cfg: dict, config=None) -> tuple[int | None, str]:
-    """``(tokens, where from)``: the longest sequence (prompt + generated tokens) the model takes,
-    found without loading its weights (:func:`eval.models.context`): ``model.max_len``, extended
-    by a YaRN ``model.rope_scaling`` (or ``model.yarn=true``) to ``factor x original``; else the
-    transformers config's ``max_position_embeddings`` with its RoPE scaling. ``(None, why)`` when
-    nothing says (no refusal then)."""
-    return models.context(model_cfg, config)
-
-
 def check_job(resolved: dict, config=None) -> None:
     """Refuse, before the model's weights load, a job that cannot run: no benchmark or model, an
     unknown benchmark or task, RULER without ``benchmark.n``, a length that is not a positive int
-    or is longer than the model's context (:func:`model_context`; ``config``: a loaded model's)."""
+    or is longer than the model's context (:func:`eval.models.context`; ``config``: a loaded
+    model's)."""
     bench = resolved.get("benchmark")
     if not bench:
         raise ConfigError("kind=accuracy needs benchmark=ruler | infinitebench | longbench_v2")
@@ -101,7 +93,7 @@ def check_job(resolved: dict, config=None) -> None:
         if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
             raise ConfigError(f"benchmark.lengths: {length!r} is not a positive int (tokens)")
     model_cfg = models.normalize(resolved["model"])
-    context, where = model_context(model_cfg, config)
+    context, where = models.context(model_cfg, config)
     too_long = [x for x in lengths if context is not None and x > context]
     if too_long:
         yarn = ", model.yarn=true (YaRN)" if resolved["model"].get("yarn") is False else ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import math
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
+from eval import files
 
 from .provenance import code_revision, environment, is_tracked
 
@@ -145,22 +146,12 @@ def device_model(device: str, name: str | None = None) -> tuple[str, str]:
     return "cuda", name or torch.cuda.get_device_name(dev)
 
 
-@functools.lru_cache(maxsize=64)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
-
-
 def file_sha256(path: str, key: str) -> str:
     """Content hash of a data file (cached while its size and mtime stay the same)."""
     p = Path(str(path))
     if not p.is_file():
         raise ConfigError(f"{key}={path}: no such file")
-    st = p.stat()
-    return _file_sha256(str(p.resolve()), st.st_size, st.st_mtime_ns)
+    return files.sha256(p)[:16]
 
 
 def data_fingerprint(resolved: dict) -> str | None:

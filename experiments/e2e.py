@@ -206,6 +206,14 @@ def evaluate(resolved: dict) -> dict:
     }
 
 
+def amdahl_ms(dense: dict, density: float) -> float:
+    """Amdahl at ``density``: a dense row's time with its selected layers' attention scaled by
+    the density and the rest unchanged (estimation free): what a perfect kernel at that density
+    would give."""
+    attn = dense["sparse_attention_ms"]
+    return dense["total_ms"] - attn + density * attn
+
+
 def derive(rows: list[dict]) -> None:
     """Speedups against flash and cuDNN at the same length, and the attention bound."""
     by = {(r["L"], r["label"]): r for r in rows}
@@ -219,11 +227,8 @@ def derive(rows: list[dict]) -> None:
         attn = flash.get("sparse_attention_ms")
         if attn is not None and flash["total_ms"] > attn:
             r["attention_bound_vs_flash"] = flash["total_ms"] / (flash["total_ms"] - attn)
-            # Amdahl at the row's own density: the rest as dense, the selected layers' attention
-            # scaled by the density (estimation free): what a perfect kernel at that density gives
             if r.get("density") is not None and r["label"] not in ("full_flash", "full_cudnn"):
-                ideal = flash["total_ms"] - attn + r["density"] * attn
-                r["amdahl_bound_vs_flash"] = flash["total_ms"] / ideal
+                r["amdahl_bound_vs_flash"] = flash["total_ms"] / amdahl_ms(flash, r["density"])
                 r["share_of_amdahl"] = r["speedup_vs_flash"] / r["amdahl_bound_vs_flash"]
 
 

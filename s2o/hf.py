@@ -294,9 +294,10 @@ class SparsePrefill:
         self._in_forward = True
 
     def _begin_forward(self, batch: int, length: int) -> None:
-        start = self._forward_start if self._in_forward else None
-        if start is None and self.timing and not self._in_forward:
-            start = self._clock.mark()
+        if self._in_forward:  # the model-level hook marked the forward's start
+            start = self._forward_start
+        else:  # an attention call outside a model forward (a submodule called alone)
+            start = self._clock.mark() if self.timing else None
         self._forward = PrefillStats(self.method.name, dict(self.method.config), batch, length)
         self._forward._marks = (start, None)
         self.prefills.append(self._forward)

@@ -216,7 +216,7 @@ def test_ruler_length_beyond_a_loaded_models_positions_is_refused(tmp_path, mode
 
 
 def test_model_context_from_max_len_or_config_with_rope_scaling(tmp_path):
-    ctx = lambda cfg, config=None: accuracy.model_context(cfg, config)[0]  # noqa: E731
+    ctx = lambda cfg, config=None: accuracy.models.context(cfg, config)[0]  # noqa: E731
     assert ctx({"max_len": 8192, "arch": {"max_position_embeddings": 2048}}) == 8192
     assert ctx({"arch": {"max_position_embeddings": 4096}}) == 4096
     linear = {"rope_type": "linear", "factor": 2.0}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from harness_util import qwen_gguf
 
-from eval import models, tokenizers
+from eval import files, models, tokenizers
 from eval.tokenizers import TABLES, TokenizerError
 
 pytestmark = pytest.mark.models  # re-run on the oldest accepted transformers (.ci/run)
@@ -59,7 +59,7 @@ def real(request):
         folder = models.embedded_gguf(REAL[name]["package"], REAL[name]["gguf_file"], CACHE)
         path = folder / REAL[name]["gguf_file"]
     table = _table(name)
-    assert tokenizers.file_sha256(path) == table["gguf_sha256"], f"{path} is not the table's file"
+    assert files.sha256(path) == table["gguf_sha256"], f"{path} is not the table's file"
     return name, path, table
 
 
