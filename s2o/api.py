@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from .dense_tail import check_dense_tail
 from .reference import s2o_reference
 from .stats import AttentionStats, check_topk_ratio, refuse_topk_with_early_stop
 from .validation import (
@@ -104,6 +105,7 @@ def s2o_attention(
     walk_budget: int | None = None,
     causal: bool = True,
     topk_ratio: float | None = None,
+    dense_tail: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
     """S2O sparse prefill attention, causal by default.
 
@@ -134,6 +136,10 @@ def s2o_attention(
         topk_ratio: S2O's top-k mode (the paper's comparison with block-sparse attention): each
             Pass-2 query tile walks the first ``ceil(topk_ratio * ranked tiles)`` key tiles of its
             ranked prefix with no early stop; needs ``tau <= 0``. ``None``: off.
+        dense_tail: a named variant, not the paper's method (:mod:`s2o.dense_tail`; 0: off): the
+            query tiles holding the last ``dense_tail`` rows walk their whole ranked prefix
+            without early stop, so those rows get exact dense attention; their tiles count in
+            the density.
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     Raises:
@@ -152,10 +158,11 @@ def s2o_attention(
         raise ValueError(f"causal must be a bool, got {causal!r}")
     topk_ratio = check_topk_ratio(topk_ratio)
     refuse_topk_with_early_stop(topk_ratio, tau)
+    check_dense_tail(dense_tail, topk_ratio=topk_ratio, walk_budget=walk_budget, causal=causal)
     knobs = dict(
         segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=use_q_perm, scale=scale, stop_tile=stop_tile,
-        walk_budget=walk_budget, causal=causal, topk_ratio=topk_ratio,
+        walk_budget=walk_budget, causal=causal, topk_ratio=topk_ratio, dense_tail=dense_tail,
     )  # fmt: skip
     chosen = resolve_impl(impl, q.device)
     check_interpreter_dtype(chosen, q)

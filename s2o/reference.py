@@ -63,6 +63,7 @@ import math
 
 import torch
 
+from .dense_tail import forced_tiles, tail_last
 from .stats import (
     AttentionStats,
     _cdiv,
@@ -89,8 +90,10 @@ def s2o_permutations(
     segment_len: int,
     local_window: int = 0,
     causal: bool = True,
+    dense_tail: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 1 (Alg. 1): the index arrays, nothing else is moved.
+    """Step 1 (Alg. 1): the index arrays, nothing else is moved. ``dense_tail`` (a named
+    variant, :mod:`s2o.dense_tail`): the last ``dense_tail`` rows leave ``Q_perm``'s order.
 
     Args:
         q: ``[B, Hq, L, D]``; k: ``[B, Hkv, L, D]``.
@@ -113,6 +116,7 @@ def s2o_permutations(
     for s, e in segs:
         order = torch.sort(s_q[:, :, s:e], dim=-1, descending=True, stable=True).indices
         q_perm[:, :, s:e] = order + s
+    q_perm = tail_last(q_perm, segment_len, dense_tail)
 
     q_mean = torch.stack([qf[:, :, s:e].mean(dim=2) for s, e in segs], dim=2)  # [B, Hq, N, D]
     s_k = torch.einsum("bhnd,bhld->bhnl", q_mean, kf)
@@ -152,13 +156,15 @@ def _pass1_state(q_seg, k, v, seg_start, local_window, scale, causal=True):
     return m, p.sum(dim=-1), torch.einsum("bhrt,bhtd->bhrd", p, vs)
 
 
-def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_stop_tile):
+def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_stop_tile,
+                forced=range(0)):  # fmt: skip
     """Pass-2 (Alg. 3) for all query tiles of one segment at once, each tile stopping on its own.
 
     Args:
         q_rows: ``[B, H, R, D]`` fp32 queries in walk order (permuted or not).
         state: ``(m, l, acc)`` for those rows, updated in place.
         ranked: ``[B, H, P]`` key positions in walk order.
+        forced: query tiles that never stop (``dense_tail``).
     Returns:
         visited: ``[B, H, T]`` key tiles each query tile processed (the discarded one included).
     """
@@ -169,6 +175,8 @@ def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_
     valid = torch.arange(n_tiles * block_m, device=q_rows.device).view(n_tiles, block_m) < R
     active = torch.ones(B, H, n_tiles, dtype=torch.bool, device=q_rows.device)
     visited = torch.zeros(B, H, n_tiles, dtype=torch.long, device=q_rows.device)
+    never_stop = torch.zeros(n_tiles, dtype=torch.bool, device=q_rows.device)
+    never_stop[list(forced)] = True
     for j in range(_cdiv(ranked.shape[-1], block_n)):
         if not bool(active.any()):
             break
@@ -183,7 +191,7 @@ def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_
         if tau > 0:
             row_gains = torch.nn.functional.pad(gain >= tau * l_old, (0, pad))
             row_gains = row_gains.view(B, H, n_tiles, block_m) & valid
-            keep_tile = active & row_gains.any(dim=-1)
+            keep_tile = active & (row_gains.any(dim=-1) | never_stop)
         else:
             keep_tile = active
         visited += active.long()
@@ -215,6 +223,7 @@ def s2o_reference(
     walk_budget: int | None = None,
     causal: bool = True,
     topk_ratio: float | None = None,
+    dense_tail: int = 0,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention (Step 1 + Pass-1 + Pass-2) in plain PyTorch; inputs are assumed validated.
 
@@ -231,6 +240,9 @@ def s2o_reference(
         topk_ratio: the top-k mode (see the module docstring): each Pass-2 query tile walks the
             first ``ceil(topk_ratio * ranked tiles)`` key tiles of its ranked prefix; needs
             ``tau <= 0``. ``None``: off.
+        dense_tail: a named variant (:mod:`s2o.dense_tail`, 0: off, the paper's method): the
+            query tiles holding the last ``dense_tail`` rows walk their whole ranked prefix;
+            ``perms`` must then come from Step 1 with the same ``dense_tail``.
     Returns:
         out ``[B, Hq, L, D]`` in q's dtype, and :class:`AttentionStats` whose ``extra`` holds
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` (key tiles visited per Pass-2 query tile, in
@@ -241,7 +253,9 @@ def s2o_reference(
     group = Hq // k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q_idx, kv_idx = (
-        perms if perms is not None else s2o_permutations(q, k, segment_len, local_window, causal)
+        perms
+        if perms is not None
+        else s2o_permutations(q, k, segment_len, local_window, causal, dense_tail)
     )
     qf = q.float()
     kf = k.float().repeat_interleave(group, dim=1)
@@ -261,7 +275,8 @@ def s2o_reference(
                                causal)  # fmt: skip
         prefix = min(s2o_ranked_len(L, s, segment_len, local_window, causal), tiles * block_n)
         ranked = kv_idx[:, :, n, :prefix]
-        walk = (block_m, block_n, tau, scale, stop_tile == "keep")
+        forced = forced_tiles(s, e - s, block_m, L, dense_tail)
+        walk = (block_m, block_n, tau, scale, stop_tile == "keep", forced)
         visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, *walk))
         o = state[2] / state[1][..., None]
         out.scatter_(2, order[..., None].expand(-1, -1, -1, D), o)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..dense_tail import tail_last
 from ..stats import AttentionStats, s2o_stats
 from .launch import HEAD_DIMS, Launch, check_head_dim
 from .s2o_attention import STOP_CHUNK, s2o_fused, s2o_pass1, s2o_pass2
@@ -43,6 +44,7 @@ def s2o_triton(
     stop_chunk: tuple[int, int] | None = None,
     descriptors: bool | None = None,
     topk_ratio: float | None = None,
+    dense_tail: int = 0,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention with the Triton kernels; inputs are assumed validated (see ``s2o.api``).
 
@@ -68,6 +70,9 @@ def s2o_triton(
         topk_ratio: S2O's top-k mode (see :mod:`s2o.reference`): each Pass-2 query tile walks
             the first ``ceil(topk_ratio * ranked tiles)`` key tiles, no early stop (``tau``
             must be ``<= 0``); ``None``: off.
+        dense_tail: a named variant (:mod:`s2o.dense_tail`; 0: off): the query tiles holding the
+            last ``dense_tail`` rows walk their whole ranked prefix; with ``perms``, they must
+            come from Step 1 followed by :func:`s2o.dense_tail.tail_last`.
     Returns:
         ``out`` ``[B, Hq, L, D]`` and :class:`AttentionStats` with the reference's ``extra``:
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` int64, ``pass2_tiles_max``, ``pass1_tiles``.
@@ -83,9 +88,10 @@ def s2o_triton(
     if perms is None:
         perms = s2o_step1(q, k, segment_len=segment_len, local_window=local_window,
                           sort_mode=step1_sort, causal=causal)  # fmt: skip
+        perms = (tail_last(perms[0], segment_len, dense_tail), perms[1])
     qp, kvp = perms
     walk = dict(tau=tau, scale=scale, stop_tile=stop_tile, out=out, walk_budget=walk_budget,
-                stop_chunk=stop_chunk, topk_ratio=topk_ratio)  # fmt: skip
+                stop_chunk=stop_chunk, topk_ratio=topk_ratio, dense_tail=dense_tail)  # fmt: skip
     if variant == "fused":
         if q_perm:
             raise ValueError("variant='fused' does not reorder queries: q_perm must be False")

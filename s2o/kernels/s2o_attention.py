@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..dense_tail import tail_start
 from ..stats import refuse_topk_with_early_stop, s2o_walk_tiles
 from .launch import Launch, check_head_dim, resolve_launch
 from .tma import kernel_kv_args
@@ -463,6 +464,15 @@ def _walk_len(P, MAX_P, WALK_KEYS, seg, TOPK: tl.constexpr):
 
 
 @triton.jit
+def _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M: tl.constexpr):
+    """The stop threshold of the query tile at walk slot ``a``: 0 (never stops) when the tile
+    holds a slot of the dense tail ``[TAIL, L)`` (``dense_tail``; ``TAIL = L`` when off), else
+    ``tau``. At ``tau = 0`` every valid row gains (``gain >= 0``), so the walk goes on."""
+    last = tl.minimum(tl.minimum(a + BLOCK_M, seg_start + S), L)
+    return tl.where(last > TAIL, 0.0, tau)
+
+
+@triton.jit
 def _s2o_pass1_kernel(
     Q, K, V, K_desc, V_desc, M_buf, L_buf, O_buf,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
@@ -506,8 +516,9 @@ def _s2o_pass2_kernel(
     Q, K, V, O, QP, KVP, M_buf, L_buf, O_buf, VISITED, WALK_KEYS,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, USE_QPERM: tl.constexpr,
-    GATHER: tl.constexpr, EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
+    TAIL, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    USE_QPERM: tl.constexpr, GATHER: tl.constexpr, EARLY_STOP: tl.constexpr,
+    KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
     TOPK: tl.constexpr, SUBTILE_CHECK: tl.constexpr,
 ):  # fmt: skip
@@ -538,7 +549,8 @@ def _s2o_pass2_kernel(
     m_i, l_i, acc, visited = _ranked_walk(
         q, m1, l1, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
         KVP + b * stride_pb + h * stride_ph + seg * stride_pn, stride_kl, stride_vl, P, row_ok,
-        qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
+        qk_scale, _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M), BLOCK_M, BLOCK_N, HEAD_D,
+        GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
         STOP_GROW, SUB_N, SUBTILE_CHECK,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
@@ -552,7 +564,7 @@ def _s2o_fused_kernel(
     Q, K, V, K_desc, V_desc, O, KVP, VISITED, WALK_KEYS,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
+    TAIL, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
     SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr, SUBTILE_CHECK: tl.constexpr,
@@ -581,7 +593,8 @@ def _s2o_fused_kernel(
         q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
         stride_kl, stride_vl,
         _walk_len(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P, WALK_KEYS, seg, TOPK), row_ok,
-        qk_scale, tau, BLOCK_M, BLOCK_N, HEAD_D, GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
+        qk_scale, _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M), BLOCK_M, BLOCK_N, HEAD_D,
+        GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
         STOP_GROW, SUB_N, SUBTILE_CHECK,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
@@ -689,7 +702,7 @@ def s2o_pass2(
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
     walk_budget=None, causal=True, launch: Launch | None = None,
     stop_chunk: tuple[int, int] | None = None, topk_ratio: float | None = None,
-    subtile_check: int = SUBTILE_CHECK,
+    subtile_check: int = SUBTILE_CHECK, dense_tail: int = 0,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
@@ -705,6 +718,8 @@ def s2o_pass2(
     ``subtile_check``: which implementation of the ``"keep"`` walk over key sub-tiles
     (``sub_n < block_n``, head_dim 256) runs, one of :data:`SUBTILE_CHECKS` (same decisions;
     default :data:`SUBTILE_CHECK`, the fastest on the GPU); no effect elsewhere.
+    ``dense_tail``: the query tiles holding walk slots ``>= L - dense_tail`` never stop
+    (:mod:`s2o.dense_tail`; ``q_perm`` must come from Step 1 with the same ``dense_tail``).
     """
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
@@ -726,7 +741,7 @@ def s2o_pass2(
         visited if walk_keys is None else walk_keys,
         *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp), L, Hq, Hq // k.shape[1],
         segment_len, local_window, n_tiles, qk_scale, float(tau),
-        _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m,
+        _max_prefix(walk_budget, block_n, L), tail_start(L, dense_tail), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=chunk, STOP_GROW=grow, SUB_N=sub_n,
         CAUSAL=bool(causal), TOPK=walk_keys is not None, SUBTILE_CHECK=subtile_check, **cfg,
@@ -739,11 +754,11 @@ def s2o_fused(
     gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None, causal=True,
     launch: Launch | None = None, stop_chunk: tuple[int, int] | None = None,
     descriptors: bool | None = None, topk_ratio: float | None = None,
-    subtile_check: int = SUBTILE_CHECK,
+    subtile_check: int = SUBTILE_CHECK, dense_tail: int = 0,
 ):  # fmt: skip
     """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`
-    (``topk_ratio`` and ``subtile_check`` too); ``launch.sub_n`` is also the key tile of its
-    dense part, ``descriptors`` as :func:`s2o_pass1`."""
+    (``topk_ratio``, ``subtile_check`` and ``dense_tail`` too); ``launch.sub_n`` is also the key
+    tile of its dense part, ``descriptors`` as :func:`s2o_pass1`."""
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
     )
@@ -761,7 +776,8 @@ def s2o_fused(
         q, k, v, *descs, out, kvp, visited, visited if walk_keys is None else walk_keys,
         *_strides(q), *_strides(k), *_strides(v),
         *_kv_strides(kvp), L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale,
-        float(tau), _max_prefix(walk_budget, block_n, L), BLOCK_M=block_m, BLOCK_N=block_n,
+        float(tau), _max_prefix(walk_budget, block_n, L), tail_start(L, dense_tail),
+        BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop, KEEP_STOP=_keep(stop_tile), IEEE=ieee,
         STOP_CHUNK=chunk, STOP_GROW=grow, USE_DESC=use_desc, SUB_N=sub_n, CAUSAL=bool(causal),
         TOPK=walk_keys is not None, SUBTILE_CHECK=subtile_check, **cfg,

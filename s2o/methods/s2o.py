@@ -11,6 +11,7 @@ nothing). ``walk_budget`` still caps the walk.
 from __future__ import annotations
 
 from ..api import check_s2o_args, resolve_impl
+from ..dense_tail import check_dense_tail, tail_last
 from ..reference import s2o_permutations, s2o_reference
 from ..stats import check_topk_ratio
 from ..validation import check_choice
@@ -33,6 +34,7 @@ DEFAULTS = {
     "causal": True,
     "launch": None,
     "topk_ratio": None,
+    "dense_tail": 0,
 }
 LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
@@ -61,7 +63,7 @@ def _check_sort(step1_sort, impl: str) -> None:
         )
 
 
-def _check(*, impl, step1_sort, causal, launch, topk_ratio, **knobs):
+def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, **knobs):
     check_per_kernel(launch, LAUNCH_KERNELS)
     check_choice("impl", impl, ("auto", "reference", "triton"))
     check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
@@ -70,29 +72,34 @@ def _check(*, impl, step1_sort, causal, launch, topk_ratio, **knobs):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     check_s2o_args(**knobs)
     _check_topk(topk_ratio, knobs["tau"])
+    check_dense_tail(dense_tail, topk_ratio=topk_ratio, walk_budget=knobs["walk_budget"],
+                     causal=causal)  # fmt: skip
 
 
-def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, **_):
+def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, dense_tail, **_):
     """Step 1; ``step1_sort`` picks the Triton path's sort (the reference has one: ``'cub'``
-    is refused there)."""
+    is refused there). ``dense_tail`` moves the last rows out of ``Q_perm``'s order."""
     if resolve_impl(impl, q.device) == "reference":
         _check_sort(step1_sort, "reference")
-        return s2o_permutations(q, k, segment_len, local_window, causal)
+        return s2o_permutations(q, k, segment_len, local_window, causal, dense_tail)
     from ..kernels import s2o_step1
 
-    return s2o_step1(
+    q_perm, kv_perm = s2o_step1(
         q, k, segment_len=segment_len, local_window=local_window, sort_mode=step1_sort,
         causal=causal,
     )  # fmt: skip
+    return tail_last(q_perm, segment_len, dense_tail), kv_perm
 
 
-def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, topk_ratio, **knobs):
+def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, topk_ratio, dense_tail,
+             **knobs):  # fmt: skip
     """Knobs as ``attend`` takes them: the effective ``q_perm`` (validated once), a float tau and
     topk_ratio, and the Triton launch settings as ``{kernel: Launch}``."""
     use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, tau=tau, **knobs)
     return dict(
         knobs, variant=variant, q_perm=use_q_perm, tau=float(tau), step1_sort=step1_sort,
         impl=impl, causal=causal, launch=launch, topk_ratio=_check_topk(topk_ratio, tau),
+        dense_tail=dense_tail,
     )  # fmt: skip
 
 
