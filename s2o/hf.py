@@ -236,9 +236,10 @@ class SparsePrefill:
 
     def __init__(
         self, model, method: BoundMethod, layers: list[int], min_len: int, timing: bool,
-        sliding: dict[int, int] | None = None, measure_error: bool = False,
+        sliding: dict[int, int] | None = None, measure_error: bool = False, observe=None,
     ):  # fmt: skip
         self.model = model
+        self.observe = observe
         self.measure_error = measure_error
         self.sliding = sliding or {}
         self.method = method
@@ -356,6 +357,8 @@ class SparsePrefill:
             )
             if self.measure_error:  # after the timed span: a dense pass on the same Q/K/V
                 stat.mse, stat.rel_mse = _error_vs_dense(query, key, value, o, scale)
+            if self.observe is not None:  # after the timed span too
+                self.observe(layer, query, key, plan, st, scale, self.method)
         self._forward.layers.append(stat)
         return out
 
@@ -488,6 +491,10 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
             span) and record the layer's MSE and relative MSE against it (``run.stats.summary()``:
             ``mse``, ``rel_mse``, ``error_per_layer``): operator error on the same points as the
             accuracy and density.
+        observe: ``observe(layer, q, k, plan, stats, scale, method)``, called after every sparse
+            layer's timed span with its post-RoPE ``q [B, Hq, L, D]``, ``k [B, Hkv, L, D]``, the
+            method's plan and :class:`~s2o.stats.AttentionStats` and the bound method (evidence
+            recall, ``eval/evidence.py``, uses it); its time counts in the forward's total.
         **knobs: the method's knobs, validated and bound once here (``ValueError`` names a bad one).
     Yields:
         a :class:`SparsePrefill`: ``run.stats`` is the last prefill's :class:`PrefillStats`.
@@ -497,8 +504,11 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
 
     def __init__(
         self, model, method: str, *, layers="full", min_len: int = 0, timing: bool = True,
-        measure_error: bool = False, **knobs,
+        measure_error: bool = False, observe=None, **knobs,
     ):  # fmt: skip
+        if observe is not None and not callable(observe):
+            raise ValueError(f"observe must be a callable or None, got {observe!r}")
+        self.observe = observe
         if isinstance(min_len, bool) or not isinstance(min_len, int) or min_len < 0:
             raise ValueError(f"min_len must be an int >= 0, got {min_len!r}")
         self.model = model
@@ -526,8 +536,9 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
         layers = _select_layers(self.layers_arg, modules, sliding)
         register()
         run = SparsePrefill(
-            model, self.bound, layers, self.min_len, self.timing, sliding, self.measure_error
-        )
+            model, self.bound, layers, self.min_len, self.timing, sliding, self.measure_error,
+            self.observe,
+        )  # fmt: skip
         self._previous = model.config._attn_implementation
         self._hooks = [
             model.register_forward_pre_hook(_pre_forward(run), with_kwargs=True),

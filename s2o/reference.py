@@ -284,3 +284,54 @@ def s2o_reference(
     geometry = (L, segment_len, local_window, block_m, block_n)
     stats = s2o_stats(pass2, *geometry, walk_budget, causal, topk_ratio)
     return out.to(q.dtype), stats
+
+
+def s2o_visible_keys(
+    perms: tuple[torch.Tensor, torch.Tensor],
+    pass2_tiles: torch.Tensor,
+    rows: torch.Tensor,
+    seq_len: int,
+    *,
+    segment_len: int,
+    local_window: int,
+    block_m: int,
+    block_n: int,
+    q_perm: bool,
+    causal: bool = True,
+    **_,
+) -> torch.Tensor:
+    """``[B, Hq, R, L]`` bool: the keys S2O computed for the query positions ``rows`` ``[R]``,
+    from Step 1's ``perms`` and the walk lengths ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` of the
+    same call (reference or kernels): Pass-1's window and own segment (causal), plus the first
+    ``visited x block_n`` ranked keys of the row's Pass-2 query tile (the tile that triggered a
+    stop included: its ``Q K^T`` was computed; with ``stop_tile="discard"`` its keys did not enter
+    the output). Causal prefill only."""
+    if not causal:
+        raise NotImplementedError("s2o_visible_keys: causal prefill only")
+    q_idx, kv_idx = perms
+    B, Hq, _ = q_idx.shape
+    dev = rows.device
+    keys = torch.arange(seq_len, device=dev)
+    out = torch.zeros(B, Hq, len(rows), seq_len, dtype=torch.bool, device=dev)
+    seg = rows // segment_len
+    seg_start = seg * segment_len
+    lo = (seg_start - local_window).clamp_min(0)
+    out |= ((keys[None, :] >= lo[:, None]) & (keys[None, :] <= rows[:, None]))[None, None]
+    for i, p in enumerate(rows.tolist()):
+        n, s = int(seg[i]), int(seg_start[i])
+        e = min(s + segment_len, seq_len)
+        if q_perm:
+            slot = (q_idx[:, :, s:e].to(dev) == p).long().argmax(-1)  # [B, Hq] local slot
+        else:
+            slot = torch.full((B, Hq), p - s, device=dev, dtype=torch.long)
+        tile = s // block_m + slot // block_m
+        walked = torch.gather(pass2_tiles.to(dev), -1, tile[..., None])[..., 0] * block_n
+        if kv_idx.shape[-1] == 0:
+            continue
+        ranked = kv_idx[:, :, n].to(dev).long()  # [B, Hq, P_max], -1 padded
+        take = torch.arange(ranked.shape[-1], device=dev) < walked[..., None]
+        take &= ranked >= 0
+        hit = torch.zeros(B, Hq, seq_len + 1, dtype=torch.bool, device=dev)
+        hit.scatter_(-1, torch.where(take, ranked, seq_len), take)
+        out[:, :, i] |= hit[..., :seq_len]
+    return out

@@ -95,6 +95,28 @@ def test_niah_needles_once(task, fmt, essays):
             assert key in body.split("\nWhat ")[0]
 
 
+@pytest.mark.parametrize("task", ["niah_single_1", "niah_multikey_2", "niah_multivalue",
+                                  "niah_multiquery"])  # fmt: skip
+def test_niah_evidence_and_question_locate_in_tokens(task, fmt, essays):
+    """Each niah sample names its asked needles (one per gold value) and its question; evidence
+    recall (eval/evidence.py) maps them to token positions of the prompt as prefilled."""
+    from eval.evidence import locate
+
+    for s in generate(task, 1024, fmt, n=2, seed=5, data={"essays_dir": essays}):
+        prompt = s["input"] + s["answer_prefix"]
+        assert len(s["evidence"]) == len(s["outputs"])
+        for needle, value in zip(s["evidence"], s["outputs"]):
+            assert needle.startswith("One of the special magic") and needle.endswith(f"{value}.")
+        ev = locate(fmt.tokenizer, prompt, fmt.add_special_tokens, s["evidence"], s["question"])
+        ids = fmt.encode(prompt)
+        assert ev.keys.numel() == len(ids) == s["prompt_tokens"]
+        for (a, b), value in zip(ev.spans, s["outputs"]):
+            assert value in fmt.tokenizer.decode(ids[a:b])
+        question = fmt.tokenizer.decode(ids[int(ev.rows[0]) :])
+        assert s["question"].strip()[:20] in question and question.endswith(s["answer_prefix"])
+        assert int(ev.rows[0]) > max(b for _, b in ev.spans)
+
+
 def test_niah_singular_template_and_prefix(fmt):
     s = generate("niah_single_1", 1024, fmt, n=1, seed=0)[0]
     assert "A special magic number is hidden within the following text." in s["input"]

@@ -96,6 +96,26 @@ def key_block_of_token(plan: BlockPlan, seq_len: int) -> torch.Tensor:
     return pos // plan.block_size
 
 
+def visible_keys(
+    plan: BlockPlan, rows: torch.Tensor, seq_len: int, kblk: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B, Hq, R, L]`` bool: the keys the plan computes for query positions ``rows`` ``[R]``
+    (token ``j`` is visible to query ``i`` of block ``r`` when ``j <= i`` and its key block is
+    selected for ``r`` or, PBS, it lies in ``r``'s own segment). ``kblk``: a precomputed
+    :func:`key_block_of_token`."""
+    kblk = key_block_of_token(plan, seq_len) if kblk is None else kblk
+    tok = torch.arange(seq_len, device=rows.device)
+    sel = plan.mask[:, :, rows // plan.block_size]  # [B, Hq, R, NB]
+    if kblk.dim() == 1:
+        vis = sel[..., kblk]
+    else:
+        vis = torch.gather(sel, -1, kblk[:, :, None, :].expand(-1, -1, len(rows), -1))
+    if plan.key_perm is not None:
+        seg_start = (rows // plan.segment_size) * plan.segment_size
+        vis = vis | (tok[None, :] >= seg_start[:, None])
+    return vis & (tok[None, :] <= rows[:, None])
+
+
 def reference_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, scale: float | None
 ) -> torch.Tensor:
@@ -119,16 +139,7 @@ def reference_attention(
     for r0 in range(0, nb, chunk):
         r1 = min(nb, r0 + chunk)
         rows = tok[r0 * bs : min(r1 * bs, L)]
-        rblk = rows // bs
-        sel = plan.mask[:, :, rblk]  # [B, Hq, n, NB]
-        if kblk.dim() == 1:
-            vis = sel[..., kblk]
-        else:
-            vis = torch.gather(sel, -1, kblk[:, :, None, :].expand(-1, -1, len(rows), -1))
-        if plan.key_perm is not None:
-            seg_start = (rows // plan.segment_size) * plan.segment_size
-            vis = vis | (tok[None, :] >= seg_start[:, None])
-        vis = vis & (tok[None, :] <= rows[:, None])
+        vis = visible_keys(plan, rows, L, kblk)
         qf = q[:, :, rows].float().view(B, Hkv, G, len(rows), D)
         s = (qf @ kf.transpose(-1, -2)).view(B, Hq, len(rows), L) * scale
         p = torch.softmax(s.masked_fill(~vis, float("-inf")), dim=-1).nan_to_num(0.0)
@@ -239,5 +250,6 @@ def register_block_sparse(name, plan_fn, *, defaults, main_knob, check, plan_tak
         main_knob=main_knob,
         sparsity_increases_with_knob=False,
         check=check_all,
+        coverage=lambda plan, stats, rows, seq_len, **_: visible_keys(plan, rows, seq_len),
     )
     return register(method)

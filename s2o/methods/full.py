@@ -75,6 +75,13 @@ def _check(*, backend, block_m, block_n, scale):
     check_scale(scale)
 
 
+def _causal_rows(stats: AttentionStats, rows: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Dense causal attention computes every key at or before each row."""
+    B, Hq = stats.tiles_processed.shape
+    keys = torch.arange(seq_len, device=rows.device)
+    return (keys[None, :] <= rows[:, None]).expand(B, Hq, -1, -1)
+
+
 def _attend(q, k, v, plan, *, backend, block_m, block_n, scale):
     out = full_attention(q, k, v, backend=backend, scale=scale)
     dense = dense_causal_tile_count(q.shape[2], block_m, block_n)
@@ -89,5 +96,6 @@ FULL = register(
         attend=_attend,
         defaults={"backend": "auto", "block_m": 128, "block_n": 128, "scale": None},
         check=_check,
+        coverage=lambda plan, stats, rows, seq_len, **_: _causal_rows(stats, rows, seq_len),
     )
 )

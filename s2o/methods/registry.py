@@ -32,6 +32,9 @@ class Method:
         check: ``(**knobs) -> None`` raising ``ValueError`` for a bad value.
         prepare: ``(**knobs) -> knobs`` normalizing validated knobs once (e.g. S2O's
             effective ``q_perm``), so ``estimate``/``attend`` never re-validate per call.
+        coverage: ``(plan, stats, rows [R], seq_len, **knobs) -> [B, Hq, R, L]`` bool, the keys
+            the method computed for the query positions ``rows`` in the call that made
+            ``plan`` and ``stats`` (evidence recall, ``eval/evidence.py``); ``None``: unknown.
     """
 
     name: str
@@ -42,6 +45,7 @@ class Method:
     sparsity_increases_with_knob: bool = True
     check: Callable[..., None] = field(default=lambda **_: None)
     prepare: Callable[..., dict[str, Any]] = field(default=lambda **knobs: knobs)
+    coverage: Callable[..., torch.Tensor] | None = None
 
     def bind(self, **knobs) -> BoundMethod:
         """Validate ``knobs`` once and return a callable ``(q, k, v) -> (out, stats)``."""
@@ -95,6 +99,13 @@ class BoundMethod:
 
             check_interpreter_dtype(resolve_impl(self.knobs["impl"], q.device), q)
         return self.method.estimate(q, k, v, **self._knobs(scale))
+
+    def coverage(self, plan, stats: AttentionStats, rows: torch.Tensor, seq_len: int):
+        """``[B, Hq, R, L]`` bool: the keys computed for query positions ``rows`` (see
+        :class:`Method`); ``NotImplementedError`` for a method without it."""
+        if self.method.coverage is None:
+            raise NotImplementedError(f"method {self.name!r} does not report the keys it visits")
+        return self.method.coverage(plan, stats, rows, seq_len, **self.knobs)
 
     def attend(self, q, k, v, plan, *, scale: float | None = None):
         """``(out [B, Hq, L, D], AttentionStats)`` from a plan made by :meth:`estimate`."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..api import check_s2o_args, resolve_impl
 from ..dense_tail import check_dense_tail, tail_last
-from ..reference import s2o_permutations, s2o_reference
+from ..reference import s2o_permutations, s2o_reference, s2o_visible_keys
 from ..stats import check_topk_ratio
 from ..validation import check_choice
 from .launch_knob import check_per_kernel, to_launch
@@ -125,5 +125,8 @@ S2O = register(
         sparsity_increases_with_knob=True,
         check=_check,
         prepare=_prepare,
+        coverage=lambda plan, stats, rows, seq_len, **knobs: s2o_visible_keys(
+            plan, stats.extra["pass2_tiles"], rows, seq_len, **knobs
+        ),
     )
 )

@@ -30,8 +30,9 @@ from .templates import FAMILIES, TASKS, family_of
 __all__ = ["GENERATOR_VERSION", "PromptFormat", "TASKS", "generate", "identity", "load_samples"]
 
 # bump when a generator's output changes: cached samples are then rebuilt. 2: RULER's fixed-seed
-# shuffles; cwe's solved example rendered as a prompt of its own (its own chat turns)
-GENERATOR_VERSION = 2
+# shuffles; cwe's solved example rendered as a prompt of its own (its own chat turns). 3: niah
+# samples name their evidence (the asked needles) and question (same prompts as 2)
+GENERATOR_VERSION = 3
 
 
 def generate(

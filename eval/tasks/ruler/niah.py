@@ -58,8 +58,9 @@ def _singular(text: str) -> str:
 def make_task_text(
     args: dict, size: int, rng: random.Random, seed: int, essays_dir: str | None
 ) -> tuple:
-    """One sample's task text (template filled, no answer prefix), answer prefix, answers and the
-    needles' depths in percent (essay haystack) or line indices (noise/needle haystack)."""
+    """One sample's task text (template filled, no answer prefix), answer prefix, answers, the
+    needles' depths in percent (essay haystack) or line indices (noise/needle haystack), and
+    ``{"evidence": the asked needles' texts, "question": the text after the haystack}``."""
     draw = _Draw(rng)
     nk = max(args["num_needle_k"], args["num_needle_q"])
     tk, tv = args["type_needle_k"], args["type_needle_v"]
@@ -109,7 +110,14 @@ def make_task_text(
     if args["num_needle_q"] * args["num_needle_v"] == 1:
         template, prefix, type_v = _singular(template), _singular(prefix), tv[:-1]
     task_text = template.format(type_needle_v=type_v, context=context, query=query)
-    return task_text, prefix.format(type_needle_v=type_v, query=query), answers, where
+    # what evidence recall needs (eval/evidence.py): the asked needles, and the question (the
+    # template's text after the haystack)
+    needles_asked = [NEEDLE.format(type_needle_v=tv, key=keys[i], value=v)
+                     for i in asked for v in values[i]]  # fmt: skip
+    question = template.split("{context}", 1)[1].format(type_needle_v=type_v, query=query)
+    evidence = {"evidence": needles_asked, "question": question}
+    prefix = prefix.format(type_needle_v=type_v, query=query)
+    return task_text, prefix, answers, where, evidence
 
 
 def where_needed(args: dict) -> range:
@@ -150,6 +158,7 @@ def generate(
             used,
             needle_depths=where if essay else None,
             needle_lines=None if essay else where,
+            **evidence,
         )  # fmt: skip
-        for index, (task_text, prefix, answers, where), tok, used in draws
+        for index, (task_text, prefix, answers, where, evidence), tok, used in draws
     ]
