@@ -235,24 +235,22 @@ def append_line(path: Path, obj: dict) -> None:
 
 def generate_one(model, tokenizer, run, sample: dict, add_special: bool, stop: list[str],
                  sync) -> dict:  # fmt: skip
-    """Prefill (the method, through ``run``) + greedy dense decode of one sample."""
+    """Prefill (the method, through ``run``) + greedy dense decode of one sample
+    (:func:`experiments.decode.greedy_decode`: ``model.generate``'s greedy semantics without its
+    per-call cost). ``loop_ms``: the whole loop's wall time; ``decode_ms``: that minus the
+    plug-in's prefill forward; ``decode_steps``: decode forwards (new tokens - 1)."""
+    from .decode import greedy_decode
+
     ids = tokenizer(sample["prompt"], add_special_tokens=add_special, return_tensors="pt")
     ids = ids["input_ids"].to(next(model.parameters()).device)
     run.reset()
-    sync()
-    t0 = time.perf_counter()
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=sample["max_new_tokens"],
-        do_sample=False, num_beams=1, stop_strings=list(stop) or None,
-        tokenizer=tokenizer if stop else None,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-        else tokenizer.eos_token_id,
-    )  # fmt: skip
-    sync()
-    total_ms = (time.perf_counter() - t0) * 1e3
-    new = out[0, ids.shape[1] :]
+    out = greedy_decode(
+        model, ids, sample["max_new_tokens"], tokenizer=tokenizer, stop=stop, sync=sync
+    )
+    total_ms = out.total_ms
+    new = out.tokens
     text = tokenizer.decode(new, skip_special_tokens=True)
-    for s in stop:  # generate stops after the stop string; the answer ends before it
+    for s in stop:  # decoding stops after the stop string; the answer ends before it
         text = text.split(s, 1)[0]
     stats = run.stats.summary()
     prefill_ms = stats["total_ms"]
@@ -261,7 +259,8 @@ def generate_one(model, tokenizer, run, sample: dict, add_special: bool, stop: l
         "density": stats["density"], "density_per_layer": stats["density_per_layer"],
         "prefill_ms": prefill_ms,
         "decode_ms": None if prefill_ms is None else total_ms - prefill_ms,
-        "estimate_ms": stats["estimate_ms"],
+        "estimate_ms": stats["estimate_ms"], "decode_steps": out.decode_steps,
+        "loop_ms": total_ms,
         **{k: stats[k] for k in ("mse", "rel_mse", "error_per_layer") if k in stats},
     }  # fmt: skip
 
