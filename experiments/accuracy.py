@@ -15,10 +15,16 @@ line cut by a kill is dropped and redone). Code, data or config changes give ano
 stale samples are never reused. The job's metrics hold one cell per (task, length): accuracy
 (x100) with its 95% interval (Wilson for 0/1 scores, bootstrap otherwise), mean density, n.
 
+With ``benchmark.evidence=true``, a sample that names its evidence (RULER's niah tasks) also gets
+``evidence``: its evidence recall per layer and head (:mod:`eval.evidence`, computed inside the
+prefill after each layer's timed span; the forward's total time then includes it), and its cell
+the mean ``evidence_recall``.
+
 Refused before the model loads (:func:`check_job`, one line from run.py, exit code 2): an unknown
 benchmark or task, a length that is not a positive int or exceeds the model's context
-(:func:`eval.models.context`), RULER without ``benchmark.n``. Ctrl-C ends the job with one line (samples
-saved, the command that resumes) and exit code 130; a rerun says how many samples it resumed.
+(:func:`eval.models.context`), RULER without ``benchmark.n``. Ctrl-C ends the job with one line
+(samples saved, the command that resumes) and exit code 130; a rerun says how many samples it
+resumed.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eval import metrics, models
+from eval.evidence import EvidenceProbe, locate
 from eval.significance import score_interval
 from eval.tasks import infinitebench as ib
 from eval.tasks import longbench_v2 as lb
@@ -154,7 +161,7 @@ def build_samples(bench: dict, fmt: ruler.PromptFormat) -> list[dict]:
 
 
 def _sample(s: dict, prompt: str, max_new: int) -> dict:
-    keep = ("metric", "difficulty", "length_bucket", "cot_item")
+    keep = ("metric", "difficulty", "length_bucket", "cot_item", "evidence", "question")
     return {"id": s["id"], "task": s["task"], "length": s.get("length"), "prompt": prompt,
             "gold": s["outputs"], "max_new_tokens": int(max_new),
             **{k: s[k] for k in keep if k in s}}  # fmt: skip
@@ -265,6 +272,14 @@ def generate_one(model, tokenizer, run, sample: dict, add_special: bool, stop: l
     }  # fmt: skip
 
 
+def sample_evidence(tokenizer, sample: dict, add_special: bool):
+    """Where the sample's evidence and question are in its prompt's tokens
+    (:func:`eval.evidence.locate`), or ``None`` for a sample that names none."""
+    if not sample.get("evidence") or not sample.get("question"):
+        return None
+    return locate(tokenizer, sample["prompt"], add_special, sample["evidence"], sample["question"])
+
+
 def cot_answer_turn(model, tokenizer, run, sample: dict, first: dict, fmt, stop, sync) -> dict:
     """LongBench v2 CoT: the second turn asks for the answer given the first turn's reasoning (a
     short prompt without the document). The sample's density is the first, long prefill's; the
@@ -295,6 +310,8 @@ def cells(lines: list[dict]) -> list[dict]:
             "lo": 100 * ci["lo"], "hi": 100 * ci["hi"], "interval": ci["interval"],
             "density": sum(dens) / len(dens) if dens else None,
             "prefill_ms": _mean([r["prefill_ms"] for r in rows]),
+            "evidence_recall": _mean([(r.get("evidence") or {}).get("evidence_recall")
+                                      for r in rows]),  # fmt: skip
             "mse": _mean([r.get("mse") for r in rows]),
             "rel_mse": _mean([r.get("rel_mse") for r in rows]),
         })  # fmt: skip
@@ -346,13 +363,19 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     bar = tqdm(todo, desc=f"{bench['name']} {method}", disable=not resolved["progress"])
     t0, total = time.perf_counter(), 0.0
     measure = bool(bench.get("measure_error", False))
+    probe = EvidenceProbe() if bench.get("evidence") else None
     try:
         with (
             torch.inference_mode(),
-            sparse_prefill(model, method, measure_error=measure, **knobs) as run,
+            sparse_prefill(model, method, measure_error=measure, observe=probe, **knobs) as run,
         ):
             for i, s in enumerate(bar):
+                if probe is not None:
+                    probe.start(sample_evidence(tokenizer, s, fmt.add_special_tokens))
                 gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
+                if probe is not None:
+                    gen["evidence"] = probe.summary()
+                    probe.start(None)
                 if s.get("cot_item"):
                     gen = cot_answer_turn(model, tokenizer, run, s, gen, fmt, stop, sync)
                 value, extra = score(bench["name"], s, gen["prediction"])

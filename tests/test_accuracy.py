@@ -135,6 +135,31 @@ def test_measure_error_puts_operator_error_beside_each_score(tmp_path, model_and
     assert all(c["mse"] is not None for c in m["cells"])
 
 
+@pytest.mark.parametrize("method", ["full", "s2o"])
+def test_evidence_recall_beside_each_niah_score(tmp_path, model_and_tokenizer, method):
+    """benchmark.evidence=true: each niah line gets its evidence recall per layer and head (the
+    vt lines, which name no evidence, none); dense attention keeps all the evidence mass."""
+    model, tok = model_and_tokenizer
+    res = _resolved(tmp_path, method, 1)
+    res["benchmark"]["evidence"] = True
+    m = accuracy.evaluate(res, tmp_path / "ev.jsonl", model, tok)
+    lines = {r["task"]: r for r in _lines(tmp_path / "ev.jsonl")}
+    ev = lines["niah_single_1"]["evidence"]
+    assert lines["vt"].get("evidence") is None
+    assert ev["layers"] == [0, 1] and len(ev["mass"]) == 2 and len(ev["mass"][0]) == 4
+    assert ev["evidence_tokens"] > 5 and ev["rows"] > 5
+    assert 0 < ev["evidence_mass"] < 1
+    if method == "full":
+        assert ev["evidence_recall"] == pytest.approx(1.0)
+        assert "s2o" not in ev
+    else:
+        assert 0 <= ev["evidence_recall"] <= 1
+        assert set(ev["s2o"]) == {"walk_share", "rank_segment_mean", "rank_question_mean"}
+    cell = {c["task"]: c for c in m["cells"]}
+    assert cell["niah_single_1"]["evidence_recall"] == ev["evidence_recall"]
+    assert cell["vt"]["evidence_recall"] is None
+
+
 def test_longbench_v2_cot_runs_the_answer_turn(tmp_path, model_and_tokenizer, monkeypatch):
     """benchmark.cot=true: the reasoning turn, then the official answer turn with the reasoning
     in it (and not the document); the score is read from the answer turn."""
