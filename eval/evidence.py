@@ -97,10 +97,11 @@ class EvidenceProbe:
                 f"evidence was located in {ev.keys.numel()} tokens, the prefill has {L}: "
                 "locate it with the prompt and encoding that are prefilled"
             )
-        rows = ev.rows.to(q.device)
+        # non_blocking: a plain copy from pageable memory would wait for the device every layer
+        rows = ev.rows.to(q.device, non_blocking=True)
         scale = D**-0.5 if scale is None else float(scale)
         p = dense_probs(q, k, rows, scale)  # [B, Hq, R, L]
-        keys = ev.keys.to(q.device)
+        keys = ev.keys.to(q.device, non_blocking=True)
         cov = method.coverage(plan, stats, rows, L)
         on_ev = p * keys
         entry = {
@@ -109,8 +110,11 @@ class EvidenceProbe:
             "covered": (p * cov).sum(-1).mean(-1),  # dense mass inside the visited keys
         }
         if method.name == "s2o":
-            entry.update(s2o_ranks(q, k, rows, keys, p, plan, stats, dict(method.knobs)))
-        self.layers[layer] = {k_: v.float().cpu() for k_, v in entry.items()}
+            knobs = dict(method.knobs)
+            entry.update(s2o_ranks(q, k, ev.rows, keys, p, plan, stats, knobs))  # CPU rows
+        # one copy to the CPU (the layer's one host sync; each [B, Hq])
+        values = torch.stack([v.float() for v in entry.values()]).cpu()
+        self.layers[layer] = dict(zip(entry, values))
 
     def summary(self) -> dict | None:
         """Per layer and head (batch 0) ``mass``, ``recall`` (``None`` where ``mass`` is 0) and
@@ -158,43 +162,52 @@ def s2o_ranks(q, k, rows, keys, p, plan, stats, knobs: dict) -> dict:
     """S2O's ranking diagnostics for the question rows (module docstring), each ``[B, Hq]``:
     ``walk_share`` (walked / ranked tiles of the rows' query tiles, mean over the rows),
     ``rank_segment_mean`` and ``rank_question_mean`` (the rank share, 0 = first, of the ranked
-    evidence key with the most dense mass; NaN when no evidence key is in the ranked prefix)."""
+    evidence key with the most dense mass; NaN when no evidence key is in the ranked prefix).
+    ``rows`` may be on the CPU (the probe passes them so): then nothing here waits for the
+    device."""
     q_idx, kv_idx = plan
     B, Hq, L, D = q.shape
+    dev = q.device
     S, W = knobs["segment_len"], knobs["local_window"]
     bm = knobs["block_m"]
-    seg = int(rows[-1]) // S
+    rows_h = rows.cpu()  # a no-op for CPU rows
+    seg = int(rows_h[-1]) // S
     seg_start = seg * S
     prefix = max(0, seg_start - W)
-    nan = torch.full((B, Hq), float("nan"), device=q.device)
-    walked = stats.extra["pass2_tiles"].to(q.device).float()
-    most = stats.extra["pass2_tiles_max"].to(q.device).float()
-    shares = []
-    for r in rows.tolist():
-        if r < seg_start:
-            continue
-        if knobs["q_perm"]:
-            slot = (q_idx[:, :, seg_start : min(seg_start + S, L)] == r).long().argmax(-1)
-        else:
-            slot = torch.full((B, Hq), r - seg_start, device=q.device, dtype=torch.long)
-        tile = seg_start // bm + slot // bm
-        w = torch.gather(walked, -1, tile[..., None])[..., 0]
-        shares.append(w / most[tile].clamp_min(1))
-    out = {"walk_share": torch.stack(shares).mean(0) if shares else nan}
+    nan = torch.full((B, Hq), float("nan"), device=dev)
+    walked = stats.extra["pass2_tiles"].to(dev).float()
+    most = stats.extra["pass2_tiles_max"].to(dev, non_blocking=True).float()
+    # walk share of every row of the last segment at once (rows before it are left out)
+    local = rows_h[rows_h >= seg_start] - seg_start  # [R'] slots in original order
+    local = local.long().to(dev, non_blocking=True)
+    if knobs["q_perm"]:
+        seg_perm = q_idx[:, :, seg_start : min(seg_start + S, L)].long()
+        slots = torch.arange(seg_perm.shape[-1], device=dev).expand_as(seg_perm)
+        inv = torch.empty_like(seg_perm).scatter_(-1, seg_perm - seg_start, slots)
+        slot = inv.gather(-1, local.expand(B, Hq, -1)).permute(2, 0, 1)  # [R', B, Hq]
+    else:
+        slot = local[:, None, None].expand(-1, B, Hq)
+    tile = seg_start // bm + slot // bm  # [R', B, Hq]
+    w = torch.gather(walked, -1, tile.permute(1, 2, 0)).permute(2, 0, 1)
+    shares = (w / most[tile].clamp_min(1)).contiguous()  # laid out as the stack of the rows'
+    out = {"walk_share": shares.mean(0) if len(local) else nan}
     if prefix == 0:
         return {**out, "rank_segment_mean": nan, "rank_question_mean": nan}
     ranked_ev = keys[:prefix]
-    if not bool(ranked_ev.any()):
-        return {**out, "rank_segment_mean": nan, "rank_question_mean": nan}
+    has_ev = ranked_ev.any()  # a device flag: the NaN case goes through torch.where, no sync
     # the evidence key with the most dense mass among the ranked prefix, per head
     ev_mass = (p[..., :prefix] * ranked_ev).mean(2)  # [B, Hq, prefix]
     top = ev_mass.argmax(-1)  # [B, Hq]
     order = kv_idx[:, :, seg, :prefix].long()  # segment-mean order
     rank_seg = (order == top[..., None]).long().argmax(-1).float() / prefix
     Hkv = k.shape[1]
-    qmean = q[:, :, rows].float().mean(2)  # [B, Hq, D]
+    qmean = q[:, :, rows.to(dev, non_blocking=True)].float().mean(2)  # [B, Hq, D]
     kk = k[:, :, :prefix].float().repeat_interleave(Hq // Hkv, 1)
     s_q = torch.einsum("bhd,bhld->bhl", qmean, kk)
     s_top = torch.gather(s_q, -1, top[..., None])
     rank_q = (s_q > s_top).sum(-1).float() / prefix
-    return {**out, "rank_segment_mean": rank_seg, "rank_question_mean": rank_q}
+    return {
+        **out,
+        "rank_segment_mean": torch.where(has_ev, rank_seg, nan),
+        "rank_question_mean": torch.where(has_ev, rank_q, nan),
+    }

@@ -311,27 +311,41 @@ def s2o_visible_keys(
     q_idx, kv_idx = perms
     B, Hq, _ = q_idx.shape
     dev = rows.device
+    rows = rows.long()
+    R = rows.shape[0]
     keys = torch.arange(seq_len, device=dev)
-    out = torch.zeros(B, Hq, len(rows), seq_len, dtype=torch.bool, device=dev)
     seg = rows // segment_len
     seg_start = seg * segment_len
     lo = (seg_start - local_window).clamp_min(0)
-    out |= ((keys[None, :] >= lo[:, None]) & (keys[None, :] <= rows[:, None]))[None, None]
-    for i, p in enumerate(rows.tolist()):
-        n, s = int(seg[i]), int(seg_start[i])
-        e = min(s + segment_len, seq_len)
-        if q_perm:
-            slot = (q_idx[:, :, s:e].to(dev) == p).long().argmax(-1)  # [B, Hq] local slot
-        else:
-            slot = torch.full((B, Hq), p - s, device=dev, dtype=torch.long)
-        tile = s // block_m + slot // block_m
-        walked = torch.gather(pass2_tiles.to(dev), -1, tile[..., None])[..., 0] * block_n
-        if kv_idx.shape[-1] == 0:
-            continue
-        ranked = kv_idx[:, :, n].to(dev).long()  # [B, Hq, P_max], -1 padded
-        take = torch.arange(ranked.shape[-1], device=dev) < walked[..., None]
-        take &= ranked >= 0
-        hit = torch.zeros(B, Hq, seq_len + 1, dtype=torch.bool, device=dev)
-        hit.scatter_(-1, torch.where(take, ranked, seq_len), take)
-        out[:, :, i] |= hit[..., :seq_len]
-    return out
+    window = (keys[None, :] >= lo[:, None]) & (keys[None, :] <= rows[:, None])  # [R, L]
+    P = kv_idx.shape[-1]
+    if P == 0 or R == 0:
+        return window[None, None].expand(B, Hq, R, seq_len).clone()
+    # Every row at once, no host sync. Walk slot: each segment's slice of q_idx is a permutation
+    # of the segment, so one inverse over the whole row maps position p to s + its slot.
+    if q_perm:
+        qi = q_idx.to(dev).long()
+        pos = torch.arange(qi.shape[-1], device=dev).expand_as(qi)
+        at = torch.empty_like(qi).scatter_(-1, qi, pos)  # at[..., q_idx[..., i]] = i
+        slot = at.gather(-1, rows.expand(B, Hq, R)) - seg_start  # [B, Hq, R]
+    else:
+        slot = (rows - seg_start).expand(B, Hq, R)
+    tile = seg_start // block_m + slot // block_m
+    walked = torch.gather(pass2_tiles.to(dev).long(), -1, tile) * block_n  # [B, Hq, R]
+    # rank[b, h, i, t]: the first index of key t in the ranked order of segment segs[i] (P: not
+    # ranked); a row walked key t iff rank < min(walked, P). -1 padding goes to key 0 with rank P
+    # (a no-op). The segments: the rows' own when they are on the CPU (known without a sync),
+    # all of them on a device (no sync there; ranking a few more segments costs little).
+    if dev.type == "cpu":
+        segs = torch.unique(seg)  # sorted
+        seg_at = torch.searchsorted(segs, seg)
+    else:
+        segs, seg_at = torch.arange(kv_idx.shape[2], device=dev), seg
+    kv = kv_idx.to(dev).index_select(2, segs).long()  # [B, Hq, len(segs), P], -1 padded
+    # int16 halves the [B, Hq, R, L] gather below on the CPU; a GPU has native 32-bit atomics
+    dt = torch.int16 if P < 2**15 and dev.type == "cpu" else torch.int32
+    order = torch.arange(P, device=dev, dtype=dt).expand_as(kv)
+    rank = torch.full((*kv.shape[:3], seq_len), P, dtype=dt, device=dev)
+    rank.scatter_reduce_(-1, kv.clamp_min(0), torch.where(kv >= 0, order, P), "amin")
+    walk = rank.index_select(2, seg_at) < walked.clamp_max(P).to(dt)[..., None]  # [B, Hq, R, L]
+    return walk | window

@@ -146,3 +146,228 @@ def test_locate_maps_strings_to_tokens():
         locate(tok, prompt, True, ["blue"], question)
     with pytest.raises(ValueError, match="more than once"):
         locate(tok, prompt, True, ["hay"], question)
+
+
+# --- the vectorized S2O coverage and rank diagnostics against their former per-row loops ---
+
+
+def _visible_keys_loop(perms, pass2_tiles, rows, seq_len, *, segment_len, local_window, block_m,
+                       block_n, q_perm):  # fmt: skip
+    """Oracle: ``s2o_visible_keys`` as it was, one query row at a time."""
+    q_idx, kv_idx = perms
+    B, Hq, _ = q_idx.shape
+    dev = rows.device
+    keys = torch.arange(seq_len, device=dev)
+    out = torch.zeros(B, Hq, len(rows), seq_len, dtype=torch.bool, device=dev)
+    seg = rows // segment_len
+    seg_start = seg * segment_len
+    lo = (seg_start - local_window).clamp_min(0)
+    out |= ((keys[None, :] >= lo[:, None]) & (keys[None, :] <= rows[:, None]))[None, None]
+    for i, p in enumerate(rows.tolist()):
+        n, s = int(seg[i]), int(seg_start[i])
+        e = min(s + segment_len, seq_len)
+        if q_perm:
+            slot = (q_idx[:, :, s:e].to(dev) == p).long().argmax(-1)  # [B, Hq] local slot
+        else:
+            slot = torch.full((B, Hq), p - s, device=dev, dtype=torch.long)
+        tile = s // block_m + slot // block_m
+        walked = torch.gather(pass2_tiles.to(dev), -1, tile[..., None])[..., 0] * block_n
+        if kv_idx.shape[-1] == 0:
+            continue
+        ranked = kv_idx[:, :, n].to(dev).long()  # [B, Hq, P_max], -1 padded
+        take = torch.arange(ranked.shape[-1], device=dev) < walked[..., None]
+        take &= ranked >= 0
+        hit = torch.zeros(B, Hq, seq_len + 1, dtype=torch.bool, device=dev)
+        hit.scatter_(-1, torch.where(take, ranked, seq_len), take)
+        out[:, :, i] |= hit[..., :seq_len]
+    return out
+
+
+def _ranks_loop(q, k, rows, keys, p, plan, stats, knobs):
+    """Oracle: ``s2o_ranks`` as it was (a loop over the rows, a host check of the evidence)."""
+    q_idx, kv_idx = plan
+    B, Hq, L, D = q.shape
+    S, W = knobs["segment_len"], knobs["local_window"]
+    bm = knobs["block_m"]
+    seg = int(rows[-1]) // S
+    seg_start = seg * S
+    prefix = max(0, seg_start - W)
+    nan = torch.full((B, Hq), float("nan"), device=q.device)
+    walked = stats.extra["pass2_tiles"].to(q.device).float()
+    most = stats.extra["pass2_tiles_max"].to(q.device).float()
+    shares = []
+    for r in rows.tolist():
+        if r < seg_start:
+            continue
+        if knobs["q_perm"]:
+            slot = (q_idx[:, :, seg_start : min(seg_start + S, L)] == r).long().argmax(-1)
+        else:
+            slot = torch.full((B, Hq), r - seg_start, device=q.device, dtype=torch.long)
+        tile = seg_start // bm + slot // bm
+        w = torch.gather(walked, -1, tile[..., None])[..., 0]
+        shares.append(w / most[tile].clamp_min(1))
+    out = {"walk_share": torch.stack(shares).mean(0) if shares else nan}
+    if prefix == 0:
+        return {**out, "rank_segment_mean": nan, "rank_question_mean": nan}
+    ranked_ev = keys[:prefix]
+    if not bool(ranked_ev.any()):
+        return {**out, "rank_segment_mean": nan, "rank_question_mean": nan}
+    ev_mass = (p[..., :prefix] * ranked_ev).mean(2)  # [B, Hq, prefix]
+    top = ev_mass.argmax(-1)  # [B, Hq]
+    order = kv_idx[:, :, seg, :prefix].long()  # segment-mean order
+    rank_seg = (order == top[..., None]).long().argmax(-1).float() / prefix
+    Hkv = k.shape[1]
+    qmean = q[:, :, rows].float().mean(2)  # [B, Hq, D]
+    kk = k[:, :, :prefix].float().repeat_interleave(Hq // Hkv, 1)
+    s_q = torch.einsum("bhd,bhld->bhl", qmean, kk)
+    s_top = torch.gather(s_q, -1, top[..., None])
+    rank_q = (s_q > s_top).sum(-1).float() / prefix
+    return {**out, "rank_segment_mean": rank_seg, "rank_question_mean": rank_q}
+
+
+# L = 200 is not a multiple of block_m = 16; segments [0, 64), [64, 128), [128, 192), [192, 200)
+RANDOM_ROWS = {
+    "three segments": [63, 64, 65, 100, 127, 128, 129, 150, 191],
+    "to the end": [0, 5, 64, 127, 150, 192, 193, 199],
+    "last segment": [192, 195, 199],
+    "first segment": [0, 3, 40, 63],
+}
+
+
+def _random_s2o(seed, local_window, L=200, S=64, bm=16, bn=16, dense_tail=0):
+    """Random Q/K, the reference Step 1 and random walk lengths (up to one tile past the
+    ranked prefix, so that -1 padding is walked over too)."""
+    from s2o.reference import s2o_permutations
+    from s2o.stats import s2o_stats
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k, _ = _qkv(L=L, Hq=4, Hkv=2, D=16, seed=seed)
+    perms = s2o_permutations(q, k, S, local_window, dense_tail=dense_tail)
+    n_tiles = sum(-(-min(S, L - s) // bm) for s in range(0, L, S))
+    ranked_tiles = torch.tensor(
+        [
+            -(-max(0, s - local_window) // bn)
+            for s in range(0, L, S)
+            for _ in range(0, min(S, L - s), bm)
+        ]
+    )
+    assert ranked_tiles.numel() == n_tiles
+    tiles = (torch.rand(1, 4, n_tiles, generator=gen) * (ranked_tiles + 2)).long()
+    stats = s2o_stats(tiles, L, S, local_window, bm, bn, None)
+    return (
+        q,
+        k,
+        perms,
+        stats,
+        dict(segment_len=S, local_window=local_window, block_m=bm, block_n=bn),
+    )
+
+
+# on a GPU the functions take their device paths (no host sync), which the CPU tests do not reach
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("q_perm", [True, False])
+@pytest.mark.parametrize("local_window", [0, 32])
+@pytest.mark.parametrize("rows", sorted(RANDOM_ROWS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_visible_keys_match_the_per_row_loop(q_perm, local_window, rows, seed, device):
+    from s2o.reference import s2o_visible_keys
+
+    q, k, perms, stats, geo = _random_s2o(seed, local_window, dense_tail=5 * seed)
+    perms = tuple(t.to(device) for t in perms)
+    rows = torch.tensor(RANDOM_ROWS[rows], device=device)
+    tiles = stats.extra["pass2_tiles"].to(device)
+    got = s2o_visible_keys(perms, tiles, rows, q.shape[2], q_perm=q_perm, **geo)
+    want = _visible_keys_loop(perms, tiles, rows, q.shape[2], q_perm=q_perm, **geo)
+    assert got.dtype == torch.bool and got.shape == want.shape and got.device == rows.device
+    assert torch.equal(got, want)
+    if rows[-1] >= 64 and bool(tiles.any()):  # something past Pass-1 was walked
+        pass1 = _visible_keys_loop(perms, torch.zeros_like(tiles), rows, q.shape[2],
+                                   q_perm=q_perm, **geo)  # fmt: skip
+        assert bool((want & ~pass1).any())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_visible_keys_without_a_ranked_prefix(device):
+    """One segment (``L < S``): ``kv_idx`` has no columns, only Pass-1's keys are visible."""
+    from s2o.reference import s2o_visible_keys
+
+    q, k, perms, stats, geo = _random_s2o(0, 0, L=50)
+    assert perms[1].shape[-1] == 0
+    perms = tuple(t.to(device) for t in perms)
+    rows = torch.tensor([0, 17, 49], device=device)
+    tiles = stats.extra["pass2_tiles"].to(device)
+    got = s2o_visible_keys(perms, tiles, rows, 50, q_perm=True, **geo)
+    assert torch.equal(got, _visible_keys_loop(perms, tiles, rows, 50, q_perm=True, **geo))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("q_perm", [True, False])
+@pytest.mark.parametrize("local_window", [0, 32])
+@pytest.mark.parametrize("rows", sorted(RANDOM_ROWS))
+@pytest.mark.parametrize("evidence", ["in the prefix", "after the prefix"])
+def test_ranks_match_the_per_row_loop(q_perm, local_window, rows, evidence, device):
+    from eval.evidence import S2O_KEYS, s2o_ranks
+
+    q, k, perms, stats, geo = _random_s2o(1, local_window)
+    q, k = q.to(device), k.to(device)
+    perms = tuple(t.to(device) for t in perms)
+    stats.extra["pass2_tiles"] = stats.extra["pass2_tiles"].to(device)  # as the kernels leave it
+    L = q.shape[2]
+    rows = torch.tensor(RANDOM_ROWS[rows])  # the probe passes its CPU rows
+    keys = torch.zeros(L, dtype=torch.bool)
+    if evidence == "in the prefix":
+        keys[[3, 20, 21, 70, 90, 140]] = True
+    else:  # past every ranked prefix: no evidence key is ranked, NaN ranks
+        keys[[193, 196]] = True
+    keys = keys.to(device)
+    p = dense_probs(q, k, rows.to(device), 0.25)
+    knobs = dict(geo, q_perm=q_perm)
+    want = _ranks_loop(q, k, rows.to(device), keys, p, perms, stats, knobs)
+    for rows_in in (rows, rows.to(device)):  # CPU rows (no sync) or device rows (one)
+        got = s2o_ranks(q, k, rows_in, keys, p, perms, stats, knobs)
+        assert set(got) == set(S2O_KEYS)
+        for key in S2O_KEYS:
+            assert got[key].device == q.device
+            torch.testing.assert_close(got[key], want[key], equal_nan=True, rtol=0, atol=0)
+    prefix = max(0, (int(rows[-1]) // 64) * 64 - local_window)
+    no_rank = prefix == 0 or evidence == "after the prefix"
+    assert bool(got["rank_segment_mean"].isnan().all()) == no_rank
+    assert not bool(got["walk_share"].isnan().any())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_probe_does_not_wait_for_the_gpu():
+    """On CUDA tensors S2O's coverage and rank diagnostics queue their work without a host
+    sync; the probe syncs once per layer, to copy its results to the CPU."""
+    import warnings
+
+    from eval.evidence import s2o_ranks
+    from s2o.reference import s2o_visible_keys
+
+    q, k, v, ev = _needle_case()
+    q, k, v = q.cuda(), k.cuda(), v.cuda()
+    bound = bind("s2o", **KNOBS["s2o"])
+    plan = bound.estimate(q, k, v)
+    _, stats = bound.attend(q, k, v, plan)
+    stats.extra["pass2_tiles"] = stats.extra["pass2_tiles"].cuda()
+    rows, keys = ev.rows.cuda(), ev.keys.cuda()
+    p = dense_probs(q, k, rows, 0.25)
+    probe = EvidenceProbe()
+    probe.start(ev)
+    torch.cuda.synchronize()
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        s2o_visible_keys(plan, stats.extra["pass2_tiles"], rows, q.shape[2], **bound.knobs)
+        s2o_ranks(q, k, ev.rows, keys, p, plan, stats, dict(bound.knobs))
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            probe(3, q, k, plan, stats, None, bound)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert probe.summary()["evidence_tokens"] == 1
