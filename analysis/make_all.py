@@ -31,6 +31,7 @@ from analysis import (
     fig5_bsa,
     heatmaps,
     plot_mse_vs_sparsity,
+    retrieval_diagnosis,
 )
 from analysis.plotting import save, setup
 from analysis.records import HERE, MANIFEST, device_label, paper_numbers
@@ -716,6 +717,7 @@ SECTIONS = (
     fig4c,
     ttft,
     accuracy,
+    retrieval_diagnosis.section,
     ablations,
     bench_sections.abcd,
     fig5_bsa.section,

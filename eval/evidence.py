@@ -117,14 +117,16 @@ class EvidenceProbe:
         self.layers[layer] = dict(zip(entry, values))
 
     def summary(self) -> dict | None:
-        """Per layer and head (batch 0) ``mass``, ``recall`` (``None`` where ``mass`` is 0) and
+        """Per layer and head (batch 0) ``mass``, ``recall`` (``None`` where ``mass`` is below
+        :data:`MIN_MASS`) and
         ``covered``, the mass-weighted ``evidence_recall``, and S2O's rank diagnostics."""
         if self.evidence is None or not self.layers:
             return None
         layers = sorted(self.layers)
         get = lambda key: torch.stack([self.layers[i][key][0] for i in layers])  # [layers, Hq]
         mass, kept = get("mass"), get("kept")
-        recall = torch.where(mass > 0, kept / mass.clamp_min(1e-30), torch.nan)
+        # a head with (almost) no mass on the evidence has no meaningful recall: NaN, not 0
+        recall = torch.where(mass >= MIN_MASS, kept / mass.clamp_min(MIN_MASS), torch.nan)
         out = {
             "layers": layers,
             "rows": int(self.evidence.rows.numel()),
@@ -141,6 +143,11 @@ class EvidenceProbe:
 
 
 S2O_KEYS = ("walk_share", "rank_segment_mean", "rank_question_mean")
+
+# A (layer, head)'s recall is recorded only where its dense mass on the evidence is at least this
+# (the stored mass is rounded to 5 decimals, so a smaller one reads as 0): dividing a kept share by
+# a mass of 1e-30 gave recalls near 0 for dense attention in records made before this rule.
+MIN_MASS = 1e-5
 
 
 def _rounded(x: torch.Tensor) -> list:

@@ -2,6 +2,7 @@
 synthetic inputs whose answer is known."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -371,3 +372,47 @@ def test_probe_does_not_wait_for_the_gpu():
     syncs = [w for w in seen if "synchroniz" in str(w.message)]
     assert len(syncs) == 1, [str(w.message) for w in syncs]
     assert probe.summary()["evidence_tokens"] == 1
+
+
+def test_recall_is_nan_where_the_head_has_almost_no_evidence_mass():
+    """A head whose dense mass on the evidence is below MIN_MASS gets no recall (None), not a
+    kept share divided by a clamped mass; dense attention's recall is 1 wherever it is defined;
+    the analysis masks such heads in records made before the rule."""
+    import numpy as np
+
+    from analysis.retrieval_diagnosis import head_recall
+    from eval.evidence import MIN_MASS
+
+    probe = EvidenceProbe()
+    probe.start(_needle_case()[3])
+    mass = torch.tensor([[[0.5, MIN_MASS / 10, 1e-35, 0.0]]])  # [B=1, Hq=4]
+    kept = mass.clone()
+    probe.layers[0] = {"mass": mass[0], "kept": kept[0], "covered": torch.ones(1, 4)}
+    out = probe.summary()
+    assert out["recall"] == [[1.0, None, None, None]]
+    old = {"recall": [[1.0, 0.0, 0.00278, None]], "mass": [[0.5, 0.0, 0.0, 0.0]]}
+    got = head_recall(old)
+    assert got[0, 0] == 1.0 and np.isnan(got[0, 1:]).all()
+
+
+def test_make_all_writes_the_retrieval_page_from_the_pinned_records(tmp_path):
+    """make_all's retrieval section reads the records pinned in results/manifest.yaml and writes
+    the page and figure beside the other artifacts; dense attention's recall is 1 wherever
+    defined."""
+    import numpy as np
+    import yaml
+
+    from analysis import retrieval_diagnosis as rd
+    from analysis.make_all import Ctx
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    manifest = yaml.safe_load((results / "manifest.yaml").read_text())
+    if not rd.pinned(manifest, results):
+        pytest.skip("no retrieval records pinned")
+    sec = rd.section(Ctx(results, tmp_path, manifest, {}))
+    assert sec.files[0] == rd.PAGE and (tmp_path / rd.PAGE).is_file()
+    assert "| 32768 | niah_multikey_2 | full |" in "\n".join(sec.body)
+    full = rd.load(rd.pinned(manifest, results)[0])
+    assert full["metrics"]["method"] == "full"
+    mats = np.stack([rd.head_recall(s["evidence"]) for s in full["_samples"].values()])
+    assert np.nanmin(mats) == pytest.approx(1.0)
