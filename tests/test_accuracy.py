@@ -455,6 +455,5 @@ def test_a_missing_generator_package_is_refused_before_loading(tmp_path, monkeyp
     with pytest.raises(accuracy.ConfigError,
                        match=r"\['niah_multikey_2', 'cwe'\] need PyPI `wonderwords`"):  # fmt: skip
         accuracy.evaluate(res, tmp_path / "s.jsonl")
-    res["benchmark"].update(tasks=["vt"])
     assert accuracy.ruler.missing_packages(["vt"]) == {}
     assert accuracy.ruler.missing_packages(["cwe"], {"cwe_words": "w.txt"}) == {}

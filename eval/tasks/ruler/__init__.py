@@ -70,6 +70,21 @@ def generate(
     return out
 
 
+def missing_packages(tasks: list[str], data: dict | None = None) -> dict[str, list[str]]:
+    """The PyPI packages the generators of ``tasks`` import and this Python lacks, each with the
+    tasks that need it (niah's keys and cwe's default word lists come from ``wonderwords``), so
+    that a job is refused before a model loads rather than after."""
+    import importlib.util
+
+    data = dict(data or {})
+    need: dict[str, list[str]] = {}
+    for task in tasks:
+        family = TASKS[task].family
+        if family == "niah" or (family == "cwe" and not data.get("cwe_words")):
+            need.setdefault("wonderwords", []).append(task)
+    return {pkg: ts for pkg, ts in need.items() if importlib.util.find_spec(pkg) is None}
+
+
 def _data_identity(task: str, data: dict) -> dict:
     spec = TASKS[task]
     if spec.family == "niah" and spec.args["type_haystack"] == "essay":
