@@ -206,74 +206,131 @@ def _median(xs) -> float | None:
     return float(np.median(xs)) if xs else None
 
 
+MIN_LOST = 5  # fewer lost samples than this: the page localizes nothing (medians of a few pairs)
+REFERENCES = {"full": "dense attention", "flexprefill": "FlexPrefill"}
+
+
 def localization(recs: dict[str, dict]) -> tuple[list[list], list[str]]:
-    """S2O (each s2o record) on the samples dense got right: kept vs lost, in the reading heads."""
+    """Each S2O record on the samples a reference (dense attention, FlexPrefill) got right:
+    those S2O kept and those it lost, in the reading heads. Row: ``[method, length, reference,
+    group, n, pairs, recall, walk share, rank (segment mean), rank (question), beyond]``."""
     rows, notes = [], []
-    if "full" not in recs:
-        return rows, notes
-    full = recs["full"]["_samples"]
-    for lab, rec in recs.items():
-        if lab.split()[0] != "s2o":
+    for ref in REFERENCES:
+        if ref not in recs:
             continue
-        for length in sorted({s["length"] for s in rec["_samples"].values()}):
-            groups = {"kept": [], "lost": []}
-            for i, s in rec["_samples"].items():
-                f = full.get(i)
-                if s["length"] != length or f is None or float(f["score"]) != 1.0:
-                    continue
-                groups["kept" if float(s["score"]) == 1.0 else "lost"].append(s)
-            for g, ss in groups.items():
-                h = reading_heads(ss)
-                if not h.get("recall"):
-                    continue
-                beyond = [r > w for r, w in zip(h.get("rank_segment_mean", []),
-                                                h.get("walk_share", []))
-                          if not (math.isnan(r) or math.isnan(w))]  # fmt: skip
-                rows.append([
-                    lab, length, g, len(ss), len(h["recall"]), _f(_median(h["recall"]), ".3f"),
-                    _f(_median(h.get("walk_share", [])), ".3f"),
-                    _f(_median(h.get("rank_segment_mean", [])), ".3f"),
-                    _f(_median(h.get("rank_question_mean", [])), ".3f"),
-                    _f(sum(beyond) / len(beyond) if beyond else None, ".2f"),
-                ])  # fmt: skip
+        base = recs[ref]["_samples"]
+        for lab, rec in recs.items():
+            if lab.split()[0] != "s2o":
+                continue
+            for length in sorted({s["length"] for s in rec["_samples"].values()}):
+                groups = {"kept": [], "lost": []}
+                for i, s in rec["_samples"].items():
+                    f = base.get(i)
+                    if s["length"] != length or f is None or float(f["score"]) != 1.0:
+                        continue
+                    groups["kept" if float(s["score"]) == 1.0 else "lost"].append(s)
+                for g, ss in groups.items():
+                    h = reading_heads(ss)
+                    if not h.get("recall"):
+                        continue
+                    beyond = [r > w for r, w in zip(h.get("rank_segment_mean", []),
+                                                    h.get("walk_share", []))
+                              if not (math.isnan(r) or math.isnan(w))]  # fmt: skip
+                    rows.append([
+                        lab, length, REFERENCES[ref], g, len(ss), len(h["recall"]),
+                        _f(_median(h["recall"]), ".3f"),
+                        _f(_median(h.get("walk_share", [])), ".3f"),
+                        _f(_median(h.get("rank_segment_mean", [])), ".3f"),
+                        _f(_median(h.get("rank_question_mean", [])), ".3f"),
+                        _f(sum(beyond) / len(beyond) if beyond else None, ".2f"),
+                    ])  # fmt: skip
     return rows, notes
 
 
+LOCALIZATION_HEAD = ["method", "length", "answered by", "S2O", "n", "pairs", "recall",
+                     "walk share", "rank (segment mean)", "rank (question)",
+                     "rank beyond walk"]  # fmt: skip
+
+
 def verdict(loc_rows: list[list]) -> str:
-    """One generated paragraph from S2O default's "lost" rows (no number typed by hand)."""
-    lost = [r for r in loc_rows if r[0] == "s2o" and r[2] == "lost"]
+    """Generated paragraphs from S2O default's "lost" rows, one per reference and length (no
+    number typed by hand); a group of fewer than :data:`MIN_LOST` samples is not interpreted."""
+    lost = [r for r in loc_rows if r[0] == "s2o" and r[3] == "lost"]
     if not lost:
-        return "No sample that dense attention answered was lost by S2O's default here."
-    parts = []
+        return "No sample that a reference answered was lost by S2O's default here."
+    out = []
     for r in lost:
-        _, length, _, n, pairs, rec, walk, r_seg, r_q, beyond = r
-        parts.append(
-            f"at {length} tokens, on the {n} samples S2O's default lost, the {pairs} reading "
-            f"(layer, head) pairs kept a median {rec} of the evidence mass; the question's query "
-            f"tiles walked a median {walk} of their ranked prefix, while the needle key they read "
-            f"most sat at a median rank share {r_seg} in Step 1's segment-mean order (beyond the "
-            f"walked share in {beyond} of the pairs) and {r_q} in the question's own order"
+        _, length, ref, _, n, pairs, rec, walk, r_seg, r_q, beyond = r
+        text = (
+            f"At {length} tokens, on the {n} samples {ref} answered and S2O's default lost, the "
+            f"{pairs} reading (layer, head) pairs kept a median {rec} of the evidence mass; the "
+            f"question's query tiles walked a median {walk} of their ranked prefix, while the "
+            f"needle key they read most sat at a median rank share {r_seg} in Step 1's "
+            f"segment-mean order (beyond the walked share in {beyond} of the pairs) and {r_q} in "
+            "the question's own order."
         )
-    first = lost[0]
-    try:
-        r_seg, r_q, walk = float(first[7]), float(first[8]), float(first[6])
-    except ValueError:
-        return "; ".join(parts) + "."
-    if r_seg > walk and r_q < walk:
-        why = (
-            "The needle is ranked late by the segment-mean query and early by the question's "
-            "own query, and the walk stops before it: the loss comes from Step 1's one ranking "
-            "per segment (the question is a few dozen of its 2048 queries), which the early stop "
-            "then makes final; a longer walk alone (smaller tau) must walk most of the prefix."
-        )
-    elif r_seg <= walk:
-        why = (
-            "The needle is ranked within the walked share, so the ranking reached it; what is "
-            "lost is not explained by the order (look at the stop decisions per row)."
-        )
-    else:
-        why = "The needle ranks late in both orders: neither ranking would reach it early."
-    return "; ".join(parts).capitalize() + ". " + why
+        if n < MIN_LOST:
+            out.append(text + f" Too few samples (fewer than {MIN_LOST}) to say why.")
+            continue
+        try:
+            rs, rq, w, kept = float(r_seg), float(r_q), float(walk), float(rec)
+        except ValueError:
+            out.append(text)
+            continue
+        if rs > w and rq < w:
+            why = (
+                "The needle is ranked late by the segment-mean query and early by the "
+                "question's own query, and the walk stops before it: the loss comes from Step "
+                "1's one ranking per segment (the question is a few dozen of its queries), "
+                "which the early stop then makes final."
+            )
+        elif kept >= 0.9:
+            why = (
+                "The reading heads kept most of the evidence mass: the lost answers are not "
+                "explained by the question rows missing the needle (what the rest of the prompt's "
+                "rows computed, e.g. the haystack's other needles, is not measured here)."
+            )
+        elif rs <= w:
+            why = (
+                "The needle is ranked within the walked share, yet the reading heads lost "
+                "evidence mass: look at the stop decisions per row."
+            )
+        else:
+            why = "The needle ranks late in both orders: neither ranking would reach it early."
+        out.append(text + " " + why)
+    return "\n\n".join(out)
+
+
+def recall_vs_accuracy(rows: list[dict]) -> str:
+    """A generated sentence per cell where a method with higher evidence recall answered
+    significantly fewer samples (Holm p < 0.05) than one with lower recall: the question rows'
+    recall does not order the methods' accuracy there."""
+    out, seen = [], set()
+    for r in rows:
+        for ref in REFERENCES:
+            pair = (r["length"], r["task"], frozenset((r["method"], ref)))
+            if pair in seen:
+                continue
+            t = r.get(f"vs_{ref}")
+            other = next((x for x in rows if x["method"] == ref and x["length"] == r["length"]
+                          and x["task"] == r["task"]), None)  # fmt: skip
+            if not t or other is None or r["task"] == "all" or t.get("p_holm", 1) >= 0.05:
+                continue
+            if None in (r["recall"], other["recall"]):
+                continue
+            seen.add(pair)
+            gains = t["n10"] > t["n01"]
+            hi, lo = (other, r) if gains else (r, other)
+            if hi["recall"] > lo["recall"]:
+                out.append(
+                    f"{r['task']} at {r['length']}: {lo['method']} answered "
+                    f"{lo['correct']:g}/{lo['n']} at evidence recall {lo['recall']:.3f}, "
+                    f"{hi['method']} {hi['correct']:g}/{hi['n']} at {hi['recall']:.3f} (exact "
+                    f"McNemar, Holm p = {t['p_holm']:.2g}): the method that computed more of "
+                    "the question's attention to the needles answered fewer, so evidence recall "
+                    "of the question rows does not explain this difference."
+                )
+    return "\n\n".join(out)
 
 
 FIDELITY = [
@@ -382,23 +439,14 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
         "position of the needle key the head reads most in the ranked prefix (0 = first), in "
         "Step 1's segment-mean order and in the order of the question rows' own mean query.",
         "",
-        markdown(
-            [
-                "method",
-                "length",
-                "samples",
-                "n",
-                "pairs",
-                "recall",
-                "walk share",
-                "rank (segment mean)",
-                "rank (question)",
-                "rank beyond walk",
-            ],
-            loc,
-        ),  # fmt: skip
+        markdown(LOCALIZATION_HEAD, loc),
         "",
         verdict(loc),
+        "",
+        "## Evidence recall against accuracy",
+        "",
+        recall_vs_accuracy(rows) or "No significant accuracy difference runs against the "
+        "evidence recall order on this page.",
         "",
         "## Our S2O against the paper's text",
         "",

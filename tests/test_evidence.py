@@ -416,3 +416,27 @@ def test_make_all_writes_the_retrieval_page_from_the_pinned_records(tmp_path):
     assert full["metrics"]["method"] == "full"
     mats = np.stack([rd.head_recall(s["evidence"]) for s in full["_samples"].values()])
     assert np.nanmin(mats) == pytest.approx(1.0)
+
+
+def test_the_generated_diagnosis_refuses_to_explain_few_samples_and_flags_recall_reversals():
+    from analysis import retrieval_diagnosis as rd
+
+    row = lambda n, walk, r_seg, r_q, rec="0.500": [  # noqa: E731
+        "s2o", 32768, "dense attention", "lost", n, 9, rec, walk, r_seg, r_q, "0.50"]
+    few = rd.verdict([row(rd.MIN_LOST - 1, "0.300", "0.800", "0.010")])
+    assert "Too few samples" in few and "Step 1's one ranking" not in few
+    late = rd.verdict([row(rd.MIN_LOST, "0.300", "0.800", "0.010")])
+    assert "Step 1's one ranking per segment" in late
+    kept = rd.verdict([row(rd.MIN_LOST, "0.300", "0.100", "0.010", rec="0.950")])
+    assert "not explained by the question rows missing the needle" in kept
+    cell = dict(length=32768, task="niah_multikey_2", n=50)
+    rows = [
+        dict(cell, method="full", correct=22, recall=1.0,
+             vs_flexprefill=dict(n10=0, n01=12, p_value=4.9e-4, p_holm=0.002)),
+        dict(cell, method="flexprefill", correct=34, recall=0.939,
+             vs_full=dict(n10=12, n01=0, p_value=4.9e-4, p_holm=0.002)),
+    ]  # fmt: skip
+    text = rd.recall_vs_accuracy(rows)
+    assert text.count("does not explain") == 1 and "full 22/50 at 1.000" in text
+    rows[0]["vs_flexprefill"]["p_holm"] = rows[1]["vs_full"]["p_holm"] = 0.2
+    assert rd.recall_vs_accuracy(rows) == ""
