@@ -1,14 +1,17 @@
 """Uncertainty of benchmark scores: a 95% interval on one method's accuracy (Wilson for 0/1
 scores, bootstrap for continuous ones) and a paired comparison of two methods scored on the same
 samples: an exact test (McNemar's for 0/1 scores, a sign-flip permutation test of the mean
-difference for graded ones), a paired bootstrap interval of the difference, the minimum
-difference the cell's n could detect, and Holm / Benjamini-Hochberg adjustment of a family of
-p-values.
+difference for graded ones), a paired interval of the difference without resampling (Tango's score
+interval for 0/1 scores, the sign-flip test inverted for graded ones), the minimum difference the
+cell's n could detect, and Holm / Benjamini-Hochberg adjustment of a family of p-values. Two
+methods or recipes scored on different samples: ``compare_independent`` (Fisher's exact test and
+Newcombe's hybrid score interval for 0/1 scores, a two-sample permutation test and Welch's
+interval otherwise).
 
 With n = 16 to 50 samples per cell, a few points of accuracy are within noise: report these next
 to every accuracy and every difference. A paired bootstrap p-value is too small at these n (scores
 [.2, .2, .4, .4, 0 x 6] against ten zeros: bootstrap 0.012, exact sign-flip 0.125), so p-values
-come from the exact tests only; the bootstrap gives intervals.
+come from the exact tests only.
 """
 
 from __future__ import annotations
@@ -203,16 +206,158 @@ def adjust_p(p_values: Sequence[float], method: str = "holm") -> list[float]:
     return [float(x) for x in out]
 
 
+def tango_interval(n10: int, n01: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Tango's (1998) score interval for a paired difference of proportions ``(n10 - n01) / n``
+    (``n10`` pairs with only the first right, ``n01`` only the second, ``n`` pairs): every delta
+    whose score statistic
+
+        Z(delta) = (n10 - n01 - n delta) / sqrt(n (2 p01~ + delta (1 - delta)))
+
+    lies within +-z, ``p01~`` the maximum-likelihood P(only the second right) under the
+    constraint P(only the first) - P(only the second) = delta (a quadratic's root, ``_tango_p01``).
+    No resampling; recommended for paired proportions at small n (Fagerland, Lydersen and
+    Laake 2014). ``Z`` decreases in delta, so each end is one root (``scipy.optimize.brentq``)."""
+    from scipy.optimize import brentq
+
+    if n <= 0 or n10 < 0 or n01 < 0 or n10 + n01 > n:
+        raise ValueError(f"tango_interval: need 0 <= n10 + n01 <= n, got {n10}, {n01}, {n}")
+    z, est = _z(confidence), (n10 - n01) / n
+
+    def excess(delta: float, sign: float) -> float:  # Z(delta) -+ z: zero at an end
+        var = n * (2 * _tango_p01(n10, n01, n, delta) + delta * (1 - delta))
+        return (n10 - n01 - n * delta) / math.sqrt(max(var, 1e-300)) + sign * z
+
+    edge = 1 - 1e-12
+    hi = edge if excess(edge, 1) >= 0 else brentq(excess, est, edge, args=(1,), xtol=1e-12)
+    lo = -edge if excess(-edge, -1) <= 0 else brentq(excess, -edge, est, args=(-1,), xtol=1e-12)
+    return (-1.0 if lo <= -edge else lo, 1.0 if hi >= edge else hi)
+
+
+def _tango_p01(n10: int, n01: int, n: int, delta: float) -> float:
+    """The constrained MLE of P(only the second right) given p10 - p01 = delta: the root of
+    ``2n x^2 - B x - n01 delta (1 - delta) = 0``, ``B = n10 + n01 + (n10 - n01 - 2n) delta``,
+    that maximizes the multinomial likelihood (Tango 1998, eq. 4)."""
+    b = n10 + n01 + (n10 - n01 - 2 * n) * delta
+    disc = b * b + 8 * n * n01 * delta * (1 - delta)
+    return max(0.0, (b + math.sqrt(max(disc, 0.0))) / (4 * n))
+
+
+def sign_flip_interval(
+    a: Sequence[float],
+    b: Sequence[float],
+    confidence: float = 0.95,
+    exact_max: int = EXACT_MAX,
+    n_resamples: int = 20_000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """The sign-flip test inverted: every shift delta at which the sign-flip test of
+    ``d_i - delta`` (``d = a - b``) gives p >= 1 - ``confidence`` (Lehmann's permutation
+    interval for a symmetric paired difference). Every sign pattern up to ``exact_max`` pairs,
+    else ``n_resamples`` random ones (the same for every delta; the ends then carry Monte Carlo
+    error of about the resolution). Each end is found by bisection between the mean difference
+    (p = 1) and +-max(1, max |d_i|), to 1e-6 (score units)."""
+    _check_paired(a, b)
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    n, alpha = d.size, 1 - confidence
+    if n <= exact_max:
+        signs = np.array([[1.0]])
+        for _ in range(n):  # every pattern of n signs, doubling
+            signs = np.vstack([np.hstack([signs, np.ones((len(signs), 1))]),
+                               np.hstack([signs, -np.ones((len(signs), 1))])])  # fmt: skip
+        signs = signs[:, 1:]
+    else:
+        signs = np.random.default_rng(seed).integers(0, 2, size=(n_resamples, n)) * 2.0 - 1
+    u, v, total = signs @ d, signs.sum(axis=1), d.sum()  # pattern sum at delta: u - delta v
+
+    def p_at(delta: float) -> float:
+        obs = abs(total - n * delta)
+        return float(np.mean(np.abs(u - delta * v) >= obs - 1e-9 * (np.abs(d).sum() + n)))
+
+    def end(inside: float, outside: float) -> float:
+        if p_at(outside) >= alpha:
+            return outside
+        while abs(outside - inside) > 1e-6:
+            mid = (inside + outside) / 2
+            inside, outside = (mid, outside) if p_at(mid) >= alpha else (inside, mid)
+        return inside
+
+    # scores in [0, 1] differ by at most 1; beyond the extreme differences every d_i - delta has
+    # one sign and p = 2 / 2^n, so below 6 pairs the interval reaches the outer bound
+    outer = max(1.0, float(np.abs(d).max()))
+    mean = float(d.mean())
+    return (end(mean, -outer), end(mean, outer))
+
+
+def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> dict:
+    """A ``confidence`` interval of ``mean(a) - mean(b)`` on paired samples, without resampling
+    for 0/1 scores: Tango's score interval (``tango_interval``); graded scores: the sign-flip
+    test inverted (``sign_flip_interval``)."""
+    _check_paired(a, b)
+    if is_binary(a) and is_binary(b):
+        n10 = sum(1 for x, y in zip(a, b) if x == 1 and y == 0)
+        n01 = sum(1 for x, y in zip(a, b) if x == 0 and y == 1)
+        lo, hi = tango_interval(n10, n01, len(a), confidence)
+        method = "tango_score"
+    else:
+        lo, hi = sign_flip_interval(a, b, confidence)
+        method = "sign_flip_inverted"
+    return {"interval": method, "lo": lo, "hi": hi, "confidence": confidence}
+
+
 def compare_paired(a: Sequence[float], b: Sequence[float], seed: int = 0) -> dict:
     """``mean(a) - mean(b)`` on paired samples: McNemar's exact test when both score lists are
     0/1, the sign-flip test otherwise (``p_value``, ``resolution``: 0 when exact); a 95% paired
-    bootstrap interval of the difference (``lo``, ``hi``); ``mdd``, the minimum detectable
-    difference at this n (``min_detectable_difference``)."""
+    interval of the difference (``lo``, ``hi``, ``interval``: ``paired_interval``); ``mdd``, the
+    minimum detectable difference at this n (``min_detectable_difference``)."""
     test = mcnemar_exact(a, b) if is_binary(a) and is_binary(b) else sign_flip_test(a, b, seed=seed)
     test.setdefault("resolution", 0.0)
-    ci = paired_bootstrap(a, b, seed=seed)
+    ci = paired_interval(a, b)
     return {**test, "lo": ci["lo"], "hi": ci["hi"], "interval": ci["interval"],
             "mdd": min_detectable_difference(a, b)}  # fmt: skip
+
+
+def newcombe_interval(
+    x1: float, n1: int, x2: float, n2: int, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Newcombe's (1998, method 10) hybrid score interval of ``x1/n1 - x2/n2``, two independent
+    proportions: from each proportion's Wilson interval (l_i, u_i),
+    ``lo = d - sqrt((p1 - l1)^2 + (u2 - p2)^2)``, ``hi = d + sqrt((u1 - p1)^2 + (p2 - l2)^2)``."""
+    p1, p2 = x1 / n1, x2 / n2
+    (l1, u1), (l2, u2) = wilson_interval(x1, n1, confidence), wilson_interval(x2, n2, confidence)
+    d = p1 - p2
+    return (d - math.hypot(p1 - l1, u2 - p2), d + math.hypot(u1 - p1, p2 - l2))
+
+
+def compare_independent(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, seed: int = 0
+) -> dict:
+    """``mean(a) - mean(b)`` for scores of different samples (a method under two data recipes):
+    0/1 scores: Fisher's exact test (``scipy.stats.fisher_exact``, two-sided) and Newcombe's
+    interval (``newcombe_interval``); graded: a two-sample permutation test of the difference of
+    means (``scipy.stats.permutation_test``: two-sided p = twice the smaller tail; every split
+    up to ``N_RESAMPLES`` of them, else that many random ones: ``resolution``) and Welch's t
+    interval (``scipy.stats.ttest_ind``)."""
+    from scipy import stats
+
+    if not a or not b:
+        raise ValueError(f"compare_independent needs scores on both sides, got {len(a)}, {len(b)}")
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    out = {"n_a": int(x.size), "n_b": int(y.size), "diff": float(x.mean() - y.mean()),
+           "confidence": confidence, "resolution": 0.0}  # fmt: skip
+    if is_binary(a) and is_binary(b):
+        sa, sb = int(x.sum()), int(y.sum())
+        table = [[sa, x.size - sa], [sb, y.size - sb]]
+        lo, hi = newcombe_interval(sa, x.size, sb, y.size, confidence)
+        return {**out, "test": "fisher_exact", "p_value": float(stats.fisher_exact(table).pvalue),
+                "interval": "newcombe", "lo": lo, "hi": hi}  # fmt: skip
+    res = stats.permutation_test((x, y), lambda u, w, axis=-1: u.mean(axis) - w.mean(axis),
+                                 vectorized=True, n_resamples=N_RESAMPLES, rng=seed)  # fmt: skip
+    splits = math.comb(x.size + y.size, x.size)
+    if splits > N_RESAMPLES:
+        out["resolution"] = 2 / (N_RESAMPLES + 1)
+    ci = stats.ttest_ind(x, y, equal_var=False).confidence_interval(confidence)
+    return {**out, "test": "permutation", "p_value": float(res.pvalue), "interval": "welch",
+            "lo": float(ci.low), "hi": float(ci.high)}  # fmt: skip
 
 
 def _check_paired(a: Sequence[float], b: Sequence[float]) -> None:

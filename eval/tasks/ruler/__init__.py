@@ -23,11 +23,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cache import cached_samples, file_identity
-from . import cwe, fwe, niah, qa, vt
+from . import cwe, fwe, niah, qa, recipe, vt
 from .common import PromptFormat, default_essays_dir, identity
 from .templates import FAMILIES, TASKS, family_of
 
-__all__ = ["GENERATOR_VERSION", "PromptFormat", "TASKS", "generate", "identity", "load_samples"]
+__all__ = [
+    "GENERATOR_VERSION",
+    "PromptFormat",
+    "TASKS",
+    "check_recipe",
+    "generate",
+    "identity",
+    "load_samples",
+]
 
 # bump when a generator's output changes: cached samples are then rebuilt. 2: RULER's fixed-seed
 # shuffles; cwe's solved example rendered as a prompt of its own (its own chat turns). 3: niah
@@ -39,12 +47,17 @@ def generate(
     task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42, data: dict | None = None
 ) -> list[dict]:
     """``n`` samples of ``task`` at ``length`` tokens. ``data`` may hold ``essays_dir``,
-    ``squad``, ``hotpotqa`` and ``cwe_words`` paths (None: package data or the hub)."""
+    ``squad``, ``hotpotqa`` and ``cwe_words`` paths (None: package data or the hub) and a niah
+    task's ``recipe`` variant (:mod:`.recipe`; its samples' task and id name it)."""
     data = dict(data or {})
     spec = TASKS[task] if task in TASKS else family_of(task)
     fam = FAMILIES[spec.family]
+    name = recipe.label(task, data.get("recipe"))
+    if name != task and spec.family != "niah":
+        raise ValueError(f"benchmark.data.recipe varies niah tasks only, not {task!r}")
     if spec.family == "niah":
-        raw = niah.generate(spec.args, length, fmt, n, seed, data.get("essays_dir"))
+        args = recipe.niah_args(spec.args, data.get("recipe"))
+        raw = niah.generate(args, length, fmt, n, seed, data.get("essays_dir"))
     elif spec.family == "vt":
         raw = vt.generate(spec.args, length, fmt, n, seed)
     elif spec.family == "cwe":
@@ -58,8 +71,8 @@ def generate(
         s = {k: v for k, v in s.items() if v is not None}
         out.append(
             dict(
-                id=f"ruler/{task}/{length}/{seed}/{s['index']}",
-                task=task,
+                id=f"ruler/{name}/{length}/{seed}/{s['index']}",
+                task=name,
                 length=length,
                 **s,
                 tokens_to_generate=fam.tokens_to_generate,
@@ -85,10 +98,23 @@ def missing_packages(tasks: list[str], data: dict | None = None) -> dict[str, li
     return {pkg: ts for pkg, ts in need.items() if importlib.util.find_spec(pkg) is None}
 
 
+def check_recipe(tasks: list[str], variant: dict | None) -> None:
+    """Refuse a recipe variant (:mod:`.recipe`) that is invalid or names a non-niah task."""
+    if recipe.changes(variant):
+        other = [t for t in tasks if TASKS[t].family != "niah"]
+        if other:
+            raise ValueError(f"benchmark.data.recipe varies niah tasks only, not {other}")
+        for t in tasks:
+            recipe.niah_args(TASKS[t].args, variant)
+
+
 def _data_identity(task: str, data: dict) -> dict:
     spec = TASKS[task]
-    if spec.family == "niah" and spec.args["type_haystack"] == "essay":
-        return {"essays": file_identity(data.get("essays_dir") or default_essays_dir())}
+    if spec.family == "niah":
+        out = {"recipe": diff} if (diff := recipe.changes(data.get("recipe"))) else {}
+        if recipe.niah_args(spec.args, data.get("recipe"))["type_haystack"] == "essay":
+            out["essays"] = file_identity(data.get("essays_dir") or default_essays_dir())
+        return out
     if spec.family == "qa":
         name = spec.args["dataset"]
         return {name: file_identity(data.get(name)) or "hub"}
@@ -110,6 +136,7 @@ def load_samples(
     if task not in TASKS:
         raise KeyError(f"unknown RULER task {task!r}; known: {sorted(TASKS)}")
     data = dict(data or {})
+    check_recipe([task], data.get("recipe"))
     key = dict(
         benchmark="ruler",
         task=task,

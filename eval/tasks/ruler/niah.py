@@ -60,7 +60,9 @@ def make_task_text(
 ) -> tuple:
     """One sample's task text (template filled, no answer prefix), answer prefix, answers, the
     needles' depths in percent (essay haystack) or line indices (noise/needle haystack), and
-    ``{"evidence": the asked needles' texts, "question": the text after the haystack}``."""
+    ``{"evidence": the asked needles' texts, "question": the text after the haystack}``.
+    ``args`` may hold a recipe variant's ``depth``, ``answer_prefix`` and ``line_break``
+    (``recipe.niah_args``); without them, RULER's construction."""
     draw = _Draw(rng)
     nk = max(args["num_needle_k"], args["num_needle_q"])
     tk, tv = args["type_needle_k"], args["type_needle_v"]
@@ -77,6 +79,8 @@ def make_task_text(
         text = " ".join((words * (size // len(words) + 1))[:size])
         sents = split_sentences(text)
         depths = sorted(rng.sample(DEPTHS, len(needles)))
+        if args.get("depth") is not None:  # a recipe variant: drawn as RULER, then overridden
+            depths = [args["depth"]] * len(needles)
         cuts = [0] + [int(len(sents) * d / 100) for d in depths] + [len(sents)]
         parts = []
         for i in range(1, len(cuts)):
@@ -95,9 +99,11 @@ def make_task_text(
         else:
             raise ValueError(f"unknown haystack {haystack!r}")
         where = sorted(rng.sample(range(size), len(needles)), reverse=True)
+        if args.get("depth") is not None:  # a recipe variant: drawn as RULER, then overridden
+            where = [round(size * args["depth"] / 100)] * len(needles)
         for index, needle in zip(where, needles):
             lines.insert(index, needle)
-        context = "\n".join(lines)
+        context = ("\n" if args.get("line_break", True) else " ").join(lines)
         where = sorted(where)
 
     asked = rng.sample(range(nk), args["num_needle_q"])
@@ -117,6 +123,8 @@ def make_task_text(
     question = template.split("{context}", 1)[1].format(type_needle_v=type_v, query=query)
     evidence = {"evidence": needles_asked, "question": question}
     prefix = prefix.format(type_needle_v=type_v, query=query)
+    if not args.get("answer_prefix", True):  # a recipe variant: the prompt ends at the question
+        prefix = ""
     return task_text, prefix, answers, where, evidence
 
 
