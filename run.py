@@ -21,7 +21,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from experiments.common import (
     NOT_E2E_IDENTITY,
@@ -39,6 +39,23 @@ from experiments.common import (
 from experiments.provenance import code_revision, jobs_per_gpu
 
 KINDS = ("operator", "sweep", "matched", "e2e", "accuracy")
+
+
+def flashprefill_alpha(model_type: str | None, model_name: str | None, no_model: float) -> float:
+    """``${flashprefill_alpha:...}`` in conf/method/flashprefill.yaml: the official alpha of the
+    model's family (``model.arch.model_type``), ``no_model`` for a run without a model; a family
+    without an official value is a :class:`ConfigError` (give ``method.alpha``)."""
+    from s2o.methods.flashprefill import official_alpha
+
+    if model_name is None:
+        return no_model
+    try:
+        return official_alpha(model_type)
+    except ValueError as exc:
+        raise ConfigError(f"model={model_name}: {exc} (method.alpha=<value>)") from None
+
+
+OmegaConf.register_new_resolver("flashprefill_alpha", flashprefill_alpha, replace=True)
 
 
 def job_context(cfg: DictConfig) -> JobContext:
@@ -238,7 +255,7 @@ def main(cfg: DictConfig) -> dict:
     ctx = job_context(cfg)
     try:
         result = outcome(run_job(cfg, ctx))
-    except (ConfigError, MissingMandatoryValue) as exc:
+    except (ConfigError, MissingMandatoryValue, InterpolationResolutionError) as exc:
         msg = str(exc).splitlines()[0]
         if isinstance(exc, MissingMandatoryValue):
             msg = f"{exc.full_key} is required (??? in the config): give {exc.full_key}=<value>"

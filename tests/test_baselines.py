@@ -330,7 +330,7 @@ def test_sparsity_counts_tiles():
     assert stats.tiles_dense == nb * (nb + 1) // 2
 
 
-@pytest.mark.parametrize("method", ["flexprefill", "xattn", "pbs"])
+@pytest.mark.parametrize("method", ["flexprefill", "flashprefill", "xattn", "pbs"])
 def test_conf_keys_equal_defaults(method):
     import yaml
 

@@ -138,13 +138,15 @@ def test_xattn_scores_kernel_gpu(stride, D):
     assert err < 1e-3, f"block scores differ by {err:.3e}"
 
 
-@pytest.mark.parametrize("method", ["flexprefill", "xattn", "pbs"])
+@pytest.mark.parametrize("method", ["flexprefill", "flashprefill", "xattn", "pbs"])
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_methods_gpu_triton_vs_reference(method, D):
     """Defaults, L=4000: the Triton path equals the reference path run on the same plan."""
     m = s2o.METHODS[method]
     q, k, v = _qkv(1, 8, 2, 4000, D, seed=5)
     knobs = {**m.defaults, "impl": "triton"}
+    if method == "flashprefill":
+        knobs["alpha"] = 0.1  # no default: per model family
     plan = m.estimate(q, k, v, **knobs)
     out, stats = m.attend(q, k, v, plan, **knobs)
     assert 0.0 <= stats.sparsity < 1.0

@@ -15,6 +15,7 @@ KNOBS = {
     "full": {},
     "s2o": dict(segment_len=SEG, block_m=BLOCK, block_n=BLOCK, tau=0.3, impl="reference"),
     "flexprefill": dict(block_size=BLOCK, min_budget=32, gamma=0.5, impl="reference"),
+    "flashprefill": dict(block_size=BLOCK, alpha=0.99, local_blocks=2, impl="reference"),
     "xattn": dict(block_size=BLOCK, stride=4, threshold=0.5, impl="reference"),
     "pbs": dict(block_size=BLOCK, segment_size=SEG, threshold=0.5, impl="reference"),
 }

@@ -20,6 +20,7 @@ KNOBS = {  # every method at tiles small enough for L ~ 200 to have something to
     "full": {},
     "s2o": dict(tau=0.3, **SMALL),  # a random model's attention is near-uniform: a large tau
     "flexprefill": dict(block_size=16),
+    "flashprefill": dict(block_size=16, alpha=0.1),
     "xattn": dict(block_size=16, stride=4),
     "pbs": dict(block_size=16, segment_size=32),
 }

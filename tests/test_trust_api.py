@@ -27,6 +27,7 @@ def method_knobs(name: str) -> dict:
         "s2o": SMALL,
         "full": {},
         "flexprefill": dict(block_size=16, min_budget=16),
+        "flashprefill": dict(block_size=16, alpha=0.1),
         "xattn": dict(block_size=16, stride=4),
         "pbs": dict(block_size=16, segment_size=32),
     }[name]
@@ -130,7 +131,7 @@ def test_s2o_non_power_of_two_tiles_are_refused_naming_the_knob(knob):
         s2o_attention(*qkv(L=96), segment_len=96, **{"block_m": 16, "block_n": 16, knob: 48})
 
 
-@pytest.mark.parametrize("method", ["flexprefill", "xattn", "pbs"])
+@pytest.mark.parametrize("method", ["flexprefill", "flashprefill", "xattn", "pbs"])
 def test_block_sparse_non_power_of_two_block_size_is_refused(method):
     knobs = {**method_knobs(method), "block_size": 24}
     if method == "pbs":
@@ -183,6 +184,7 @@ HUGE = 2**40
      ("s2o", dict(segment_len=HUGE, block_m=16, block_n=HUGE), "block_n"),
      ("full", dict(block_m=HUGE), "block_m"), ("full", dict(block_n=HUGE), "block_n"),
      ("flexprefill", dict(block_size=HUGE), "block_size"),
+     ("flashprefill", dict(block_size=HUGE, alpha=0.1), "block_size"),
      ("xattn", dict(block_size=HUGE), "block_size"),
      ("pbs", dict(block_size=HUGE, segment_size=2 * HUGE), "block_size")],
 )  # fmt: skip

@@ -221,14 +221,18 @@ def check_fraction(name: str, value) -> float:
     return value
 
 
-def register_block_sparse(name, plan_fn, *, defaults, main_knob, check, plan_takes_impl=False):
+def register_block_sparse(
+    name, plan_fn, *, defaults, main_knob, check, plan_takes_impl=False,
+    sparsity_increases_with_knob=False,
+):  # fmt: skip
     """Register a block-sparse method: ``estimate`` builds its plan, ``attend`` is shared.
 
     Every such method also takes ``launch`` (the block-sparse kernel's Triton launch settings,
     ``{num_warps, num_stages, sub_n}``; ``None``: defaults for the head size and GPU).
     ``plan_fn(q, k, **knobs) -> BlockPlan`` gets every knob but ``impl`` and ``launch`` (unless
     ``plan_takes_impl``, for estimators with a GPU kernel of their own). Raising the main knob
-    (a cumulative-mass threshold or budget) keeps more blocks, so sparsity falls with it.
+    (a cumulative-mass threshold or budget) keeps more blocks, so sparsity falls with it, unless
+    ``sparsity_increases_with_knob`` (FlashPrefill's alpha, a fraction of the row's best score).
     """
 
     def estimate(q, k, v, *, impl, launch, **knobs):
@@ -248,7 +252,7 @@ def register_block_sparse(name, plan_fn, *, defaults, main_knob, check, plan_tak
         attend=attend_plan,
         defaults={**defaults, "launch": None},
         main_knob=main_knob,
-        sparsity_increases_with_knob=False,
+        sparsity_increases_with_knob=sparsity_increases_with_knob,
         check=check_all,
         coverage=lambda plan, stats, rows, seq_len, **_: visible_keys(plan, rows, seq_len),
     )

@@ -1,0 +1,71 @@
+"""FlashPrefill's Triton selection (pooling + scoring + threshold) vs the plain-PyTorch reference
+under TRITON_INTERPRET=1 (tiny shapes, fp16/fp32: the interpreter's bf16 tl.dot is wrong).
+
+Scores: fp16 inputs make every product exact in fp32, so kernel and reference differ only in
+the order of fp32 sums (a few ulps). Masks: equal wherever a block's score is not within 1e-4
+(relative) of the threshold, where the order of a float sum cannot flip the decision.
+"""
+
+import math
+
+import pytest
+import torch
+
+import s2o
+from s2o.kernels.flashprefill_select import flashprefill_select
+from s2o.methods import flashprefill as fp
+
+pytestmark = pytest.mark.interpreter
+
+CASES = [  # B, Hq, Hkv, L, D, bs, block_n, dtype: GQA 1/4/6, batch 2, L % bs != 0, >1 chunk
+    (2, 2, 2, 300, 16, 16, 16, torch.float16),
+    (1, 4, 1, 300, 32, 16, 16, torch.float32),
+    (2, 6, 1, 1000, 16, 32, 16, torch.float16),
+    (1, 8, 2, 256, 64, 32, 32, torch.float16),
+    (1, 2, 1, 77, 16, 16, 16, torch.float32),
+]
+
+
+def _qkv(B, Hq, Hkv, L, D, dtype, gen):
+    q = torch.randn(B, Hq, L, D, generator=gen) * 1.5
+    k = torch.randn(B, Hkv, L, D, generator=gen)
+    k[:, :, 3] += 2.0 * q.mean((1, 2))[:, None]
+    return q.to(dtype), k.to(dtype), torch.randn(B, Hkv, L, D, generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,L,D,bs,bn,dtype", CASES)
+@pytest.mark.parametrize("rule", [(0.1, 2, 4, 2), (0.5, 0, 1, 0), (0.9, 1, 2, 1)])
+def test_selection_kernel_equals_reference(B, Hq, Hkv, L, D, bs, bn, dtype, rule, gen):
+    alpha, sink, local, tail = rule
+    q, k, _ = _qkv(B, Hq, Hkv, L, D, dtype, gen)
+    knobs = dict(alpha=alpha, sink_blocks=sink, local_blocks=local, dense_tail_tiles=tail)
+    mask, scores = flashprefill_select(q, k, block_size=bs, scale=D**-0.5, block_n=bn, **knobs)
+    ref = fp.tile_scores(q, k, block_size=bs, scale=D**-0.5)
+    err = float((scores - ref).abs().max())
+    assert not scores.isnan().any() and err < 1e-6, f"scores differ by {err:.3e}"
+    ref_mask = fp.select(ref, min_budget=0, **knobs) & fp.block_causal(ref.shape[-1], q.device)
+    thr = alpha * ref.amax(-1, keepdim=True)
+    clear = (ref - thr).abs() > 1e-4 * thr
+    assert torch.equal(mask & clear, ref_mask & clear)
+    assert float(clear.double().mean()) > 0.95, "too few unambiguous blocks to test anything"
+    assert torch.equal(mask, mask.tril())
+
+
+def test_method_triton_path_with_min_budget_equals_reference_path(gen):
+    q, k, v = _qkv(2, 4, 1, 500, 16, torch.float32, gen)
+    m = s2o.METHODS["flashprefill"]
+    knobs = {**m.defaults, "alpha": 0.95, "block_size": 16, "min_budget": 5}
+    tri = m.estimate(q, k, v, **{**knobs, "impl": "triton"})
+    ref = m.estimate(q, k, v, **{**knobs, "impl": "reference"})
+    agree = float((tri.mask == ref.mask).double().mean())
+    assert agree > 0.999, f"masks agree on {agree:.5f} of the entries"
+    nb = math.ceil(500 / 16)
+    rows = tri.mask.sum(-1)
+    assert bool((rows >= torch.arange(nb).clamp(max=4) + 1).all()), "fewer than min_budget blocks"
+
+
+def test_kernel_refuses_small_tiles(gen):
+    q, k, _ = _qkv(1, 2, 1, 64, 16, torch.float32, gen)
+    with pytest.raises(ValueError, match="block_size must be a power of two >= 16.*got 8"):
+        flashprefill_select(q, k, block_size=8, scale=0.25, alpha=0.1, sink_blocks=2,
+                            local_blocks=4, dense_tail_tiles=2)  # fmt: skip
