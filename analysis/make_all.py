@@ -30,6 +30,7 @@ from analysis import (
     e2e_table,
     fig5_bsa,
     heatmaps,
+    loop_speed,
     plot_mse_vs_sparsity,
     retrieval_diagnosis,
 )
@@ -718,6 +719,7 @@ SECTIONS = (
     ttft,
     accuracy,
     retrieval_diagnosis.section,
+    loop_speed.section,
     ablations,
     bench_sections.abcd,
     fig5_bsa.section,
