@@ -1,6 +1,6 @@
 """The retrieval diagnosis page: what S2O keeps and loses on RULER's needle tasks, and why, from
 kind=accuracy records made with ``benchmark.evidence=true`` (reads records and their samples
-only; ``conf/experiment/retrieval_qwen_niah.yaml`` makes them).
+only; ``conf/experiment/accuracy_retrieval_qwen_niah.yaml`` makes them).
 
     python analysis/retrieval_diagnosis.py                       # the records pinned in
                                                                  # results/manifest.yaml
@@ -475,7 +475,9 @@ def pinned(manifest: dict | None = None, results: Path | None = None) -> list[Pa
 
 
 PAGE = "retrieval_diagnosis.md"
-GPU_COMMAND = "`python run.py -m experiment=retrieval_qwen_niah` on a GPU (analysis/gpu_runs.md)"
+GPU_COMMAND = (
+    "`python run.py -m experiment=accuracy_retrieval_qwen_niah` on a GPU (analysis/gpu_runs.md)"
+)
 
 
 def section(ctx):
