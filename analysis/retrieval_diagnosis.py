@@ -403,7 +403,8 @@ def provenance(recs: dict[str, dict]) -> str:
 
 def page(recs: dict[str, dict], fig: Path | None) -> str:
     first = next(iter(recs.values()))
-    model = ((first.get("config") or {}).get("model") or {}).get("name") or first["metrics"]["model"]
+    model_cfg = (first.get("config") or {}).get("model") or {}
+    model = model_cfg.get("name") or first["metrics"]["model"]
     rows = accuracy_rows(recs)
     loc, _ = localization(recs)
     parts = [

@@ -446,8 +446,8 @@ def test_a_missing_generator_package_is_refused_before_loading(tmp_path, monkeyp
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wonderwords" else real(name, *a))  # fmt: skip
+    hide = lambda name, *a: None if name == "wonderwords" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", hide)
     _no_loading(monkeypatch)
     res = _resolved(tmp_path)
     res["model"] = dict(SMOLLM2)
