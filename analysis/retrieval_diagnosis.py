@@ -83,6 +83,34 @@ def _ids(rec: dict, task: str, length: int) -> dict[str, dict]:
     return {i: s for i, s in rec["_samples"].items() if s["task"] == task and s["length"] == length}
 
 
+def summary(rows: list[dict]) -> list[str]:
+    """One generated sentence per (task, length) and S2O record: what it answered, at which
+    density, against dense attention and FlexPrefill on the same samples (won/lost, exact McNemar,
+    Holm-adjusted over the page). The README quotes these lines, never its own numbers."""
+    out = []
+    for r in rows:
+        if r["task"] == "all" or r["method"].split()[0] != "s2o":
+            continue
+        cell = [x for x in rows if x["task"] == r["task"] and x["length"] == r["length"]]
+        parts = []
+        for ref, name in REFERENCES.items():
+            t, other = r.get(f"vs_{ref}"), next((x for x in cell if x["method"] == ref), None)
+            if t and other:
+                dens = "" if other["density"] is None else f" at density {other['density']:.3f}"
+                parts.append(
+                    f"{name} {other['correct']:g}/{other['n']}{dens} (S2O won {t['n10']}, lost "
+                    f"{t['n01']}; Holm p = {t['p_holm']:.2g})"
+                )
+        dens = "-" if r["density"] is None else f"{r['density']:.3f}"
+        out.append(
+            f"{r['task']} at {r['length']} tokens: {r['method']} answered "
+            f"{r['correct']:g}/{r['n']} at density {dens}"
+            + ("; " + ", ".join(parts) if parts else "")
+            + "."
+        )
+    return out
+
+
 def accuracy_rows(recs: dict[str, dict]) -> list[dict]:
     """One row per (length, task incl. ``all``, method) with its tests (p unadjusted here)."""
     rows = []
@@ -424,6 +452,10 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
         "",
         provenance(recs),
         "",
+        "## Summary",
+        "",
+        *[f"- {line}" for line in summary(rows)],
+        "",
         "## Accuracy, density and evidence recall",
         "",
         accuracy_table(rows),
@@ -508,6 +540,8 @@ def section(ctx):
         f"table: [{PAGE}]({PAGE}). Its accuracy rows:",
         "",
         accuracy_table([r for r in rows if r["task"] != "all"]),
+        "",
+        *[f"- {line}" for line in summary(rows)],
     ]
     if not any(lab.startswith("s2o dense_tail") for lab in recs):
         sec.missing_line(

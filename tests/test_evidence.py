@@ -441,3 +441,23 @@ def test_the_generated_diagnosis_refuses_to_explain_few_samples_and_flags_recall
     assert text.count("does not explain") == 1 and "full 22/50 at 1.000" in text
     rows[0]["vs_flexprefill"]["p_holm"] = rows[1]["vs_full"]["p_holm"] = 0.2
     assert rd.recall_vs_accuracy(rows) == ""
+
+
+def test_the_summary_line_is_generated_from_the_paired_tests():
+    from analysis import retrieval_diagnosis as rd
+
+    cell = dict(length=32768, task="niah_multikey_2", n=50)
+    rows = [
+        dict(cell, method="full", correct=22, density=1.0, recall=1.0),
+        dict(cell, method="s2o", correct=25, density=0.359, recall=0.8,
+             vs_full=dict(n10=5, n01=2, p_holm=0.453),
+             vs_flexprefill=dict(n10=1, n01=10, p_holm=0.0234)),
+        dict(cell, method="flexprefill", correct=34, density=0.345, recall=0.9),
+        dict(cell, task="all", method="s2o", correct=25, density=0.359, recall=0.8),
+    ]  # fmt: skip
+    (line,) = rd.summary(rows)
+    assert line == (
+        "niah_multikey_2 at 32768 tokens: s2o answered 25/50 at density 0.359; dense attention "
+        "22/50 at density 1.000 (S2O won 5, lost 2; Holm p = 0.45), FlexPrefill 34/50 at density "
+        "0.345 (S2O won 1, lost 10; Holm p = 0.023)."
+    )
