@@ -7,12 +7,21 @@ from kind=accuracy records (reads records and their samples.jsonl only).
 Per benchmark and model, one markdown table per (task, length) cell plus a pooled ``all`` cell per
 length: one row per record (method, and the knobs that differ between its records), accuracy % with
 its 95% interval, mean prefill density and sparsity, n, and the paired comparison with the ``full``
-record on the same sample ids: the difference with its 95% paired bootstrap interval, an exact
-test (McNemar's for 0/1 scores, a sign-flip permutation test otherwise: ``eval/significance.py``),
-its p adjusted for the page's family of comparisons (every "vs full" comparison of one benchmark
-and model, every cell: Holm by default, ``CORRECTION``), and the minimum detectable difference at
-the cell's n. Differences with adjusted p >= 0.05 are marked "not significant". Where the model is
-the paper's, its number sits beside ours. The figure: accuracy (interval bars) against mean
+record on the same sample ids: the difference with its 95% paired interval (Tango's score interval
+for 0/1 scores, the sign-flip test inverted for graded ones), an exact test (McNemar's for 0/1
+scores, a sign-flip permutation test otherwise: ``eval/significance.py``), its p adjusted for the
+page's family of comparisons (every informative "vs full" comparison of one benchmark and model,
+every cell: Holm by default, ``CORRECTION``), and the minimum detectable difference at the cell's
+n. Differences with adjusted p >= 0.05 are marked "not significant". Where the model is the
+paper's, its number sits beside ours.
+
+The capability gate (``analysis/settings.yaml``, ``dense_floor``): a cell where ``full`` scores
+below the floor is "uninformative": no claim, out of the family and out of the pooled cell. Each
+cell says its recipe (RULER's construction, or the variant of ``benchmark.data.recipe`` its task
+names, ``niah_single_1[depth=50]``); variants are never pooled. Under each table, its "what it
+shows" lines are generated from the tests (``claims``), never written by hand; where a task ran
+under recipe variants, a recipe table says which variant moves each method's accuracy against
+RULER's construction (``recipe_section``). The figure: accuracy (interval bars) against mean
 density, per cell, one series per method. Default outputs (git-ignored):
 ``outputs/analysis/accuracy_<benchmark>_<model>.{md,png}``.
 """
@@ -27,10 +36,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
-from analysis.records import SCRATCH, paper_numbers
+from analysis.records import HERE, SCRATCH, paper_numbers
 from analysis.tables import markdown
-from eval.significance import EXACT_MAX, POWER, adjust_p, compare_paired, score_interval
+from eval.significance import (
+    EXACT_MAX,
+    POWER,
+    adjust_p,
+    compare_independent,
+    compare_paired,
+    score_interval,
+)
+from eval.tasks.ruler.recipe import split as split_recipe
 from eval.tokenizers import faulty_tokenizer
 
 ORDER = ("full", "s2o", "flexprefill", "xattn", "pbs")  # rows and figure series, others after
@@ -39,6 +57,12 @@ PAPER_MODELS = {"llama31_8b": "Llama-3.1-8B", "qwen3_8b": "Qwen3-8B"}
 ALPHA = 0.05
 CORRECTION = "holm"  # the page's family of comparisons: "holm" (family-wise) or "bh" (FDR)
 CORRECTION_NAME = {"holm": "Holm", "bh": "BH"}
+SETTINGS = HERE / "settings.yaml"
+
+
+def dense_floor() -> float:
+    """The capability gate's floor on the dense model's accuracy (%), ``analysis/settings.yaml``."""
+    return float(yaml.safe_load(SETTINGS.read_text())["accuracy"]["dense_floor"])
 
 
 def load(path: Path) -> dict:
@@ -115,14 +139,22 @@ def cell_keys(recs: list[dict]) -> list[tuple]:
     return sorted(keys, key=lambda k: (k[1] or 0, k[0])) + [("all", n) for n in lengths]
 
 
-def cell(rec: dict, task: str, length) -> dict[str, dict]:
+def cell(rec: dict, task: str, length, pool: set[str] | None = None) -> dict[str, dict]:
+    """The sample lines of ``(task, length)``; for ``task == "all"``, of the tasks in ``pool``
+    (every task when None)."""
+    if task == "all":
+        return {i: s for i, s in rec["_samples"].items()
+                if s["length"] == length and (pool is None or s["task"] in pool)}  # fmt: skip
     return {i: s for i, s in rec["_samples"].items()
-            if s["length"] == length and task in ("all", s["task"])}  # fmt: skip
+            if s["length"] == length and s["task"] == task}  # fmt: skip
 
 
-def row(rec: dict, task: str, length, ref: dict | None) -> dict | None:
-    """Accuracy % [95% interval], density, n, and the paired comparison with ``ref``."""
-    lines = cell(rec, task, length)
+def row(
+    rec: dict, task: str, length, ref: dict | None, pool: set[str] | None = None
+) -> dict | None:
+    """Accuracy % [95% interval], density, n, the scores (``scores``, by sample id) and the
+    paired comparison with ``ref``."""
+    lines = cell(rec, task, length, pool)
     if not lines:
         return None
     ci = score_interval([s["score"] for s in lines.values()])
@@ -133,9 +165,10 @@ def row(rec: dict, task: str, length, ref: dict | None) -> dict | None:
            "acc": 100 * ci["mean"], "lo": 100 * ci["lo"], "hi": 100 * ci["hi"],
            "density": sum(dens) / len(dens) if dens else None, "cmp": None,
            "rel_mse": sum(errs) / len(errs) if errs else None,
-           "prefill_ms": sum(times) / len(times) if times else None, "ref": rec is ref}  # fmt: skip
+           "prefill_ms": sum(times) / len(times) if times else None, "ref": rec is ref,
+           "scores": [s["score"] for s in lines.values()]}  # fmt: skip
     if ref is not None and ref is not rec:
-        ref_lines = cell(ref, task, length)
+        ref_lines = cell(ref, task, length, pool)
         ids = sorted(set(lines) & set(ref_lines))
         if ids:
             a = [lines[i]["score"] for i in ids]
@@ -160,6 +193,8 @@ def _cmp_text(c: dict | None) -> list[str]:
     """vs full, its 95% interval, the test, raw p, adjusted p, MDD, the verdict (adjusted)."""
     if c is None:  # no full record, or no sample id shared with it
         return ["-", "", "", "", "", "", ""]
+    if c.get("uninformative"):
+        return [f"{100 * c['diff']:+.1f} (n={c['n']})", "", "", "", "-", "", "uninformative"]
     diff = f"{100 * c['diff']:+.1f} (n={c['n']})"
     ci = f"[{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
     if c["test"] == "mcnemar_exact":
@@ -168,11 +203,61 @@ def _cmp_text(c: dict | None) -> list[str]:
         test = f"sign-flip exact (2^{c['nonzero']})"
     else:
         test = f"sign-flip MC ({c['resamples']:,})"
-    at_floor = c["resolution"] and c["p_value"] <= c["resolution"] * (1 + 1e-9)
-    adj = ("<=" if at_floor else "") + f"{c['p_adj']:.3g}"
+    adj = _adj_text(c)
     verdict = "not significant" if c["p_adj"] >= ALPHA else "significant"
     return [diff, ci, test, _p_text(c["p_value"], c["resolution"]), adj,
             f"{100 * c['mdd']:.1f}", verdict]  # fmt: skip
+
+
+def _adj_text(c: dict) -> str:
+    at_floor = c["resolution"] and c["p_value"] <= c["resolution"] * (1 + 1e-9)
+    return ("<=" if at_floor else "") + f"{c['p_adj']:.3g}"
+
+
+def _where(task: str, length) -> str:
+    return task if length is None else f"{task} at {length:,} tokens"
+
+
+def claims(task: str, length, rows: list[dict], name: str, floor: float) -> list[str]:
+    """The table's "what it shows" lines, written from its tests: per compared row, the
+    difference with its paired interval, raw and adjusted p, n, the verdict at the adjusted p,
+    and the loss the test would have detected (MDD); an uninformative cell says so instead."""
+    ref = next((x for x in rows if x["ref"]), None)
+    if ref is None:
+        return ["- No `full` record holds this cell: no comparison, no claim."]
+    if ref["acc"] < floor:
+        return [f"- Uninformative: `full` scores {ref['acc']:.1f}% here, below the {floor:g}% "
+                "floor (`analysis/settings.yaml`): no claim; the cell is out of the page's family "
+                "and out of the pooled cell."]  # fmt: skip
+    out = []
+    for x in rows:
+        c = x["cmp"]
+        if x["ref"] or c is None:
+            continue
+        diff, lo, hi = 100 * c["diff"], 100 * c["lo"], 100 * c["hi"]
+        if c["p_adj"] < ALPHA:
+            verdict = f"{'loses' if diff < 0 else 'gains'} (significant after {name})"
+        else:
+            verdict = f"no significant difference after {name}"
+        p = _p_text(c["p_value"], c["resolution"], True)
+        out.append(f"- {x['label']} vs full, {_where(task, length)}: {diff:+.1f} points "
+                   f"[{lo:+.1f}, {hi:+.1f}], {p}, p_{name.lower()}={_adj_text(c)}, n={c['n']}: "
+                   f"{verdict}; a difference of {100 * c['mdd']:.1f} points would have been "
+                   f"detected with {POWER:.0%} power (before adjustment).")  # fmt: skip
+    return out
+
+
+def recipe_text(bench: str, task: str) -> str:
+    """Which construction a cell's samples come from."""
+    if bench != "ruler":
+        return f"Recipe: {bench}'s own construction of its tasks."
+    if task == "all":
+        return "Recipe: RULER's construction (recipe variants are never pooled)."
+    _, variant = split_recipe(task)
+    if variant is None:
+        return "Recipe: RULER's construction (`eval/tasks/ruler/`)."
+    return (f"Recipe: RULER's construction except {variant} (`benchmark.data.recipe`, "
+            "`eval/tasks/ruler/recipe.py`).")  # fmt: skip
 
 
 def weights(model: dict) -> str:
@@ -197,12 +282,14 @@ def tokenizer_note(rec: dict) -> str | None:
 
 
 def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
-           correction: str = CORRECTION) -> str:  # fmt: skip
+           correction: str = CORRECTION, floor: float | None = None) -> str:  # fmt: skip
     """Markdown tables of one benchmark and model (every record of ``recs``); ``only``: the
     tasks to show (``"all"`` is the pooled cell), every one when None; ``level``: the heading
     level of the model (its cells one below); ``correction``: ``"holm"`` or ``"bh"``, applied to
-    the family of every "vs full" comparison of ``recs`` (every cell, shown or not, so a page's
-    pooled excerpt carries the page's adjusted p)."""
+    the family of every informative "vs full" comparison of ``recs`` (every cell, shown or not,
+    so a page's pooled excerpt carries the page's adjusted p); ``floor``: the capability gate (%),
+    ``dense_floor()`` when None."""
+    floor = dense_floor() if floor is None else floor
     bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
     paper = paper_numbers()["accuracy"].get(bench, {})
     random = recs[0]["config"]["model"].get("weights") == "random"
@@ -219,40 +306,16 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
     out.append(f"Paper's numbers: {paper['cite']}." if theirs else
                f"The model or its weights differ from the paper's ({papers}): no paper numbers "
                "beside ours.")  # fmt: skip
-    done = []  # (task, length, note, rows) of every cell: the family spans all of them
-    for task, length in cell_keys(recs):
-        held = recs
-        note = []
-        if task == "all":  # pool only records that hold every task of this length
-            tasks = {t for r in recs for t, n in _tasks(r) if n == length}
-            held = [r for r in recs if {t for t, n in _tasks(r) if n == length} == tasks]
-            note = [
-                f"Pooled over {', '.join(sorted(tasks))}; {len(recs) - len(held)} records "
-                "that hold fewer of these tasks are in the per-task tables only.",
-                "",
-            ]
-        ref = next((r for r in fulls if r in held and cell(r, task, length)), None)
-        rows = [x for r in held if (x := row(r, task, length, ref)) is not None]
-        if rows:
-            done.append((task, length, note, rows))
-    family = [x["cmp"] for *_, rows in done for x in rows if x["cmp"] is not None]
+    done = _cells(recs, fulls, floor)
+    family = [x["cmp"] for *_, rows in done for x in rows
+              if x["cmp"] is not None and not x["cmp"].get("uninformative")]  # fmt: skip
     for c, q in zip(family, adjust_p([c["p_value"] for c in family], correction)):
         c["p_adj"] = q
     name = CORRECTION_NAME[correction]
-    out.append(f"Paired comparisons against the newest `full` record holding the cell, on shared "
-               "sample ids: the difference with its 95% paired bootstrap interval; McNemar's "
-               "exact test (0/1 scores, discordant pairs n10/n01) or a sign-flip permutation "
-               f"test of the mean difference (graded scores: every sign pattern up to {EXACT_MAX} "
-               "nonzero differences, else Monte Carlo, its p never below its resolution "
-               f"1/(patterns+1)). Family: the {len(family)} comparisons against `full` on this "
-               f"page (every task and pooled cell); p {name}: {name}-adjusted over that family; "
-               f"not significant: adjusted p >= {ALPHA}. MDD: the smallest difference (pts) "
-               f"these n pairs detect with {POWER:.0%} power at two-sided {ALPHA} (normal "
-               "approximation, before adjustment; `eval/significance.py`): a loss this large "
-               "could hide in a 'not significant' row. rel. MSE: each sparse layer's output "
-               "error against dense attention on the same Q/K/V, divided by the dense output's "
-               "mean square, averaged over layers and samples (`benchmark.measure_error=true`)."
-               if fulls else "No `full` record: no paired comparisons.")  # fmt: skip
+    out.append(_explain(len(family), name, floor) if fulls else
+               "No `full` record: no paired comparisons.")  # fmt: skip
+    if fulls:
+        out += ["", _summary(done, name, floor)]
     timed = all(unshared_gpu(r["environment"]) for r in recs)
     if timed:
         out.append("prefill ms: the mean time of a sample's prefill (the method's attention in "
@@ -267,7 +330,8 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
             continue
         rows.sort(key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"]))
         small = " (n < 50)" if any(x["n"] < 50 for x in rows) else ""
-        out += ["", f"{'#' * (level + 1)} {task}, length {_f(length, 'd')}{small}", "", *note]
+        out += ["", f"{'#' * (level + 1)} {task}, length {_f(length, 'd')}{small}", "",
+                recipe_text(bench, task), "", *note]  # fmt: skip
         cells = []
         for x in rows:
             d = x["density"]
@@ -281,7 +345,161 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
                 cols += [_f(p and p[0], ".1f"), _f(p and p[1], ".3f")]
             cells.append(cols)
         out.append(markdown(pd.DataFrame(cells, columns=head)))
+        if fulls:
+            out += ["", "What it shows (generated from the tests above):", "",
+                    *claims(task, length, rows, name, floor)]  # fmt: skip
+    if only is None:
+        out += recipe_section(done, correction, level + 1)
     return "\n".join(out) + "\n"
+
+
+def _cells(recs: list[dict], fulls: list[dict], floor: float) -> list[tuple]:
+    """``(task, length, note, rows)`` of every cell, the per-task cells first; a comparison in a
+    cell whose ``full`` scores below ``floor`` is marked ``uninformative``. The pooled cell of a
+    length pools the tasks of RULER's construction (no recipe variant) that are not
+    uninformative, over the records that hold each of them."""
+    done, gated = [], set()
+    for task, length in cell_keys(recs):
+        if task == "all":
+            continue
+        ref = next((r for r in fulls if cell(r, task, length)), None)
+        rows = [x for r in recs if (x := row(r, task, length, ref)) is not None]
+        if _gate(rows, floor):
+            gated.add((task, length))
+        done.append((task, length, [], rows))
+    for length in sorted({k[1] for k in cell_keys(recs)}, key=lambda x: x or 0):
+        tasks = {t for r in recs for t, n in _tasks(r) if n == length}
+        pool = {t for t in tasks if split_recipe(t)[1] is None and (t, length) not in gated}
+        if not pool:
+            continue
+        held = [r for r in recs if pool <= {t for t, n in _tasks(r) if n == length}]
+        left = sorted(f"{t} (uninformative)" for t in tasks if (t, length) in gated)
+        left += sorted(f"{t} (a recipe variant)" for t in tasks if split_recipe(t)[1] is not None)
+        note = [f"Pooled over {', '.join(sorted(pool))}"
+                + (f"; not pooled: {', '.join(left)}" if left else "")
+                + f"; {len(recs) - len(held)} records that hold fewer of these tasks are in the "
+                "per-task tables only.", ""]  # fmt: skip
+        ref = next((r for r in fulls if r in held and cell(r, "all", length, pool)), None)
+        rows = [x for r in held if (x := row(r, "all", length, ref, pool)) is not None]
+        _gate(rows, floor)
+        if rows:
+            done.append(("all", length, note, rows))
+    return done
+
+
+def _gate(rows: list[dict], floor: float) -> bool:
+    """Mark the comparisons of a cell whose reference scores below ``floor``; True if it does."""
+    ref = next((x for x in rows if x["ref"]), None)
+    if ref is None or ref["acc"] >= floor:
+        return False
+    for x in rows:
+        if x["cmp"] is not None:
+            x["cmp"]["uninformative"] = True
+    return True
+
+
+def _explain(n_family: int, name: str, floor: float) -> str:
+    return (f"Paired comparisons against the newest `full` record holding the cell, on shared "
+            "sample ids: the difference with its 95% paired interval (Tango's score interval "
+            "for 0/1 scores, the sign-flip test inverted for graded ones; no resampling; "
+            "Tango's is asymptotic, so at the margin it can exclude 0 where the exact test's p "
+            "is above 0.05: the verdict follows the exact test's adjusted p); "
+            "McNemar's exact test (0/1 scores, discordant pairs n10/n01) or a sign-flip "
+            "permutation test of the mean difference (graded scores: every sign pattern up to "
+            f"{EXACT_MAX} nonzero differences, else Monte Carlo, its p never below its "
+            f"resolution 1/(patterns+1)). Capability gate: a cell where `full` scores below "
+            f"{floor:g}% (`dense_floor`, `analysis/settings.yaml`) is uninformative: no claim, "
+            f"out of the family and out of the pooled cell. Family: the {n_family} informative "
+            f"comparisons against `full` on this page (every task and pooled cell); p {name}: "
+            f"{name}-adjusted over that family; not significant: adjusted p >= {ALPHA}. MDD: the "
+            f"smallest difference (pts) these n pairs detect with {POWER:.0%} power at two-sided "
+            f"{ALPHA} (normal approximation, before adjustment; `eval/significance.py`): a loss "
+            "this large could hide in a 'not significant' row. rel. MSE: each sparse layer's "
+            "output error against dense attention on the same Q/K/V, divided by the dense "
+            "output's mean square, averaged over layers and samples "
+            "(`benchmark.measure_error=true`).")  # fmt: skip
+
+
+def _summary(done: list[tuple], name: str, floor: float) -> str:
+    """The page's pooled claim, from its tests: how many informative comparisons are
+    significant after adjustment, and which cells the gate left out."""
+    cmps = [(task, length, x) for task, length, _, rows in done for x in rows
+            if x["cmp"] is not None and not x["cmp"].get("uninformative")]  # fmt: skip
+    sig = [f"{x['label']} on {_where(t, n)} ({100 * x['cmp']['diff']:+.1f} points)"
+           for t, n, x in cmps if x["cmp"]["p_adj"] < ALPHA]  # fmt: skip
+    gated = [_where(t, n) for t, n, _, rows in done if any(
+        x["cmp"] is not None and x["cmp"].get("uninformative") for x in rows)]  # fmt: skip
+    text = (f"**What this page shows** (generated): {len(sig)} of the {len(cmps)} informative "
+            f"comparisons against `full` {'is' if len(sig) == 1 else 'are'} significant after "
+            f"{name}" + (f": {'; '.join(sig)}." if sig else "."))  # fmt: skip
+    if gated:
+        text += (f" {len(gated)} cells are uninformative (`full` below {floor:g}%): "
+                 f"{'; '.join(gated)}.")  # fmt: skip
+    return text
+
+
+def recipe_section(done: list[tuple], correction: str = CORRECTION, level: int = 3) -> list[str]:
+    """Which recipe feature moves a method's accuracy: for every task that ran under RULER's
+    construction and under variants (``niah_single_1[depth=50]``), per method setting and
+    variant, the variant's accuracy against the same setting's under RULER's construction
+    (different samples: ``compare_independent``, Fisher + Newcombe for 0/1 scores), adjusted
+    over this section's comparisons; and the variant's own gap to ``full`` (paired, from its
+    table). Empty when no task ran under a variant."""
+    by = {(t, n): rows for t, n, _, rows in done if t != "all"}
+    groups = defaultdict(list)
+    for t, n in by:
+        base, variant = split_recipe(t)
+        if variant is not None and (base, n) in by:
+            groups[(base, n)].append(t)
+    if not groups:
+        return []
+    name = CORRECTION_NAME[correction]
+    found = []  # (base, length, variant task, label, official row, variant row, comparison)
+    for (base, n), variants in sorted(groups.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0])):
+        official = {x["label"]: x for x in by[(base, n)]}
+        for t in sorted(variants):
+            for x in by[(t, n)]:
+                if x["label"] in official:
+                    o = official[x["label"]]
+                    found.append((base, n, t, x["label"], o, x,
+                                  compare_independent(x["scores"], o["scores"])))  # fmt: skip
+    for f, q in zip(found, adjust_p([f[-1]["p_value"] for f in found], correction)):
+        f[-1]["p_adj"] = q
+    out = [
+        "",
+        f"{'#' * level} Recipe ablation: which feature moves a method's accuracy",
+        "",
+        "Each method setting under a recipe variant against the same setting under RULER's "
+        "construction (different samples, the same seed: Fisher's exact test and Newcombe's "
+        "interval for 0/1 scores, a two-sample permutation test and Welch's interval "
+        f"otherwise; {name}-adjusted over the {len(found)} comparisons of this table), and "
+        "the variant's own gap to `full` on its samples (paired, from its table above).",
+        "",
+    ]
+    cells = []
+    for base, n, t, label, o, x, c in found:
+        gap = x["cmp"]
+        cells.append([base, _f(n, "d"), split_recipe(t)[1], label, f"{o['acc']:.1f}",
+                      f"{x['acc']:.1f}", f"{100 * c['diff']:+.1f}",
+                      f"[{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]", f"{c['p_value']:.3g}",
+                      f"{c['p_adj']:.3g}", f"{x['n']}/{o['n']}",
+                      "-" if gap is None else f"{100 * gap['diff']:+.1f}",
+                      "-" if gap is None or "p_adj" not in gap else _adj_text(gap)])  # fmt: skip
+    head = ["task", "length", "variant", "method", "acc % official", "acc % variant",
+            "change (pts)", "95% CI (pts)", "p", f"p {name}", "n variant/official",
+            "variant vs full (pts)", f"its p {name}"]  # fmt: skip
+    out += [markdown(pd.DataFrame(cells, columns=head)), "",
+            "What it shows (generated from the tests above):", ""]  # fmt: skip
+    for label in sorted({f[3] for f in found}, key=lambda k: (_rank(k.split()[0]), k)):
+        mine = [f for f in found if f[3] == label]
+        moved = [f for f in mine if f[-1]["p_adj"] < ALPHA]
+        text = "; ".join(f"{split_recipe(f[2])[1]} on {_where(f[0], f[1])}: "
+                         f"{100 * f[-1]['diff']:+.1f} points [{100 * f[-1]['lo']:+.1f}, "
+                         f"{100 * f[-1]['hi']:+.1f}], p_{name.lower()}={f[-1]['p_adj']:.3g}"
+                         for f in moved)  # fmt: skip
+        out.append(f"- {label}: {len(moved)} of {len(mine)} variants move its accuracy "
+                   f"significantly after {name}" + (f" ({text})." if moved else "."))  # fmt: skip
+    return out
 
 
 def unshared_gpu(env: dict) -> bool:

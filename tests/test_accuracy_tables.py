@@ -80,14 +80,14 @@ def test_table_rows_and_paired_comparisons(root, tmp_path):
     # the family: 2 sparse records x 3 cells. Raw p: niah McNemar 0/7 -> 2/2^7, 1/2 -> 1; vt
     # (five -0.5 differences each) sign-flip 2/2^5; pooled tau=0.01 (12 losses) 2/2^12, pooled
     # tau=0.1 (-1, -1, +1, five -0.5) 38/2^8. Holm: 6 * 2/2^12, then 5 * 2/2^7 = 0.078125.
-    assert "Family: the 6 comparisons" in text
+    assert "Family: the 6 informative comparisons" in text
     lossy = rows["s2o tau=0.01"]
     assert lossy[6] == "-35.0 (n=20)" and lossy[8:10] == ["McNemar 0/7", f"{2 / 2**7:.3g}"]
     # raw p = 0.0156 < 0.05 but Holm-adjusted 0.0781: no longer significant
     assert lossy[10:] == ["0.0781", "39.2", "not significant"], lossy  # MDD: k^2/n, k = 2.80
     assert rows["s2o tau=0.1"][8:11] == ["McNemar 1/2", "1", "1"]
     assert rows["s2o tau=0.1"][12] == "not significant"
-    assert lossy[7].startswith("[-") and lossy[7].endswith("]"), lossy  # bootstrap interval
+    assert lossy[7].startswith("[-") and lossy[7].endswith("]"), lossy  # Tango interval
     vt = _rows(text, "### vt, length 1024")
     assert vt["s2o tau=0.1"][8:11] == ["sign-flip exact (2^5)", "0.0625", "0.25"], vt
     assert vt["s2o tau=0.1"][6] == "-12.5 (n=20)"
