@@ -73,6 +73,17 @@ def bisect(curve: Curve, key: str, target: float, lo: float, hi: float, increasi
     return {"target": target, **best}
 
 
+def validation_knobs(name: str, cfg: dict) -> dict:
+    """The knobs checked before the inputs are built: the method's defaults, ``cfg.knobs``, and
+    the main knob at the low end of its range (the search sets it at every point, so a method
+    whose main knob has no default, FlashPrefill's alpha, needs none here)."""
+    m = METHODS[name]
+    knobs = {**m.defaults, **(cfg["knobs"].get(name) or {})}
+    if name in (cfg.get("ranges") or {}):
+        knobs[m.main_knob] = cfg["ranges"][name][0]
+    return knobs
+
+
 def match_method(name: str, cfg: dict, layers, refs: dict, progress: bool) -> dict:
     m = METHODS[name]
     knobs = {**m.defaults, **(cfg["knobs"].get(name) or {})}
@@ -133,7 +144,7 @@ def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -
     mcfg = resolved["matched"]
     for name in mcfg["methods"]:  # bad knobs fail before the inputs are built or captured
         if name in METHODS:
-            resolve_knobs(name, {**METHODS[name].defaults, **(mcfg["knobs"].get(name) or {})})
+            resolve_knobs(name, validation_knobs(name, mcfg))
     check_memory(resolved)
     device, dtype = torch.device(resolved["device"]), getattr(torch, resolved["dtype"])
     layers, info = load_layers(
