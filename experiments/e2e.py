@@ -10,7 +10,8 @@ prompt of that many tokens is prefilled (``model(ids, use_cache=True, logits_to_
   SDPA's own dispatch) when ``e2e.stock``;
 - the job's method (``method=...``) and every entry of ``e2e.methods``: a name (the method's
   registered defaults) or a mapping ``{name: s2o, tau: 0.02}`` (other knobs, labelled
-  ``s2o_tau0.02``).
+  ``s2o_tau0.02``). FlashPrefill has no default ``alpha``: an entry without one takes the model
+  family's official value (:func:`model_knobs`), as ``method=flashprefill`` does.
 
 Each prefill's time is the median of ``e2e.reps`` synchronized wall-clock runs (the upper median
 for an even count: the time of one run, the run whose breakdown is recorded); ``e2e.warmup``
@@ -135,7 +136,7 @@ def configurations(resolved: dict) -> list[tuple[str, str | None, dict]]:
     for item in e2e["methods"] or []:
         if isinstance(item, str):
             if item not in (own, "full"):
-                out.append((item, item, {}))
+                out.append((item, item, model_knobs(item, resolved.get("model"))))
             continue
         knobs = dict(item)  # {name: s2o, tau: 0.02}: a method with other knobs than its defaults
         name = knobs.pop("name", None)
@@ -145,8 +146,29 @@ def configurations(resolved: dict) -> list[tuple[str, str | None, dict]]:
                 "the knobs that differ from its defaults, e.g. {name: s2o, tau: 0.02}"
             )
         label = name + "_" + "_".join(f"{k}{v}" for k, v in sorted(knobs.items()))
-        out.append((label, name, knobs))
+        out.append((label, name, {**model_knobs(name, resolved.get("model"), knobs), **knobs}))
     return out
+
+
+def model_knobs(method: str, model_cfg: dict | None, given: dict | None = None) -> dict:
+    """Knobs an ``e2e.methods`` entry takes from the model besides its registered defaults:
+    FlashPrefill's ``alpha``, which has none, is the official value of the model's family
+    (``model.arch.model_type``), as ``conf/method/flashprefill.yaml`` resolves it for
+    ``method=flashprefill``; a family without one is a :class:`ConfigError` unless the entry gives
+    ``alpha``."""
+    if method != "flashprefill" or "alpha" in (given or {}):
+        return {}
+    from s2o.methods.flashprefill import official_alpha
+
+    model_type = ((model_cfg or {}).get("arch") or {}).get("model_type")
+    try:
+        return {"alpha": official_alpha(model_type)}
+    except ValueError as exc:
+        name = (model_cfg or {}).get("name")
+        raise ConfigError(
+            f"e2e.methods: flashprefill on model={name}: {exc}, e.g. "
+            "{name: flashprefill, alpha: 0.18}"
+        ) from None
 
 
 def evaluate(resolved: dict) -> dict:

@@ -147,6 +147,39 @@ def test_e2e_method_entries_with_knobs_are_checked_before_loading(tmp_path):
         assert rec["elapsed_s"] < 5, "the model was loaded before the entries were checked"
 
 
+def test_e2e_flashprefill_entry_takes_the_model_familys_alpha():
+    from experiments.common import ConfigError
+    from experiments.e2e import configurations
+
+    def configs(model: dict, methods: list) -> dict:
+        resolved = {"method_name": "full", "method": {}, "model": model,
+                    "e2e": {"dense": ["flash"], "stock": False, "methods": methods}}  # fmt: skip
+        return {label: knobs for label, _, knobs in configurations(resolved)}
+
+    qwen = {"name": "qwen25_coder_1p5b", "arch": {"model_type": "qwen2"}}
+    got = configs(qwen, ["flashprefill", {"name": "flashprefill", "dense_tail_tiles": 8}])
+    assert got["flashprefill"] == {"alpha": 0.08}
+    assert got["flashprefill_dense_tail_tiles8"] == {"alpha": 0.08, "dense_tail_tiles": 8}
+    llama = {"name": "llama31_8b", "arch": {"model_type": "llama"}}
+    assert configs(llama, ["flashprefill"])["flashprefill"] == {"alpha": 0.18}
+    gemma = {"name": "gemma3_270m", "arch": {"model_type": "gemma3_text"}}
+    assert configs(gemma, [{"name": "flashprefill", "alpha": 0.3}])["flashprefill_alpha0.3"] == {
+        "alpha": 0.3
+    }
+    with pytest.raises(ConfigError, match="model=gemma3_270m.*no alpha.*alpha: 0.18"):
+        configs(gemma, ["flashprefill"])
+
+
+def test_e2e_flashprefill_without_an_official_alpha_fails_before_loading(tmp_path):
+    rec = run_inprocess(
+        ["kind=e2e", "model=gemma3_270m", "device=cpu", "e2e.lengths=[512]", "e2e.dense=[flash]",
+         "e2e.methods=[flashprefill]"],
+        tmp_path,
+    )  # fmt: skip
+    assert rec["status"] == "error" and "gemma3_text" in rec["error"], rec["error"]
+    assert rec["elapsed_s"] < 5, "the model was loaded before the entries were checked"
+
+
 def test_ttft_frame_gives_the_amdahl_bound_against_dense_sdpa():
     from analysis.e2e_table import ttft_frame
 
