@@ -1,10 +1,13 @@
-"""GPU benchmark of the block-sparse baselines (FlexPrefill, XAttention, PBS) against Full.
+"""GPU benchmark of the block-sparse baselines (FlexPrefill, XAttention, PBS, FlashPrefill).
 
-Two parts, one record (:class:`benchmarks.common.Recorder`; the tables come from ``analysis/``):
+Against Full (SDPA flash and cuDNN). Two parts, one record (:class:`benchmarks.common.Recorder`;
+the tables come from ``analysis/``):
 
 1. **Methods at their defaults** (``metrics.methods``; B=1, Hq=32, Hkv=8, D=128, bf16, causal,
-   L = 8K..128K): estimation time, attention time, density (tiles / dense causal tiles, 128x128),
-   MSE of the output against Full (SDPA flash) on the same input. Times are ``do_bench`` medians
+   L = 4K..128K; FlashPrefill, whose alpha has no default, at ``--flashprefill-alpha``: 0.18, the
+   official value of Llama-3.1-8B, whose shape this is, and what ``run.py`` takes without a
+   model): estimation time, attention time, density (tiles / dense causal tiles, 128x128), MSE
+   of the output against Full (SDPA flash) on the same input. Times are ``do_bench`` medians
    (CUDA events) after warm-up; the estimation is timed as ``method.estimate`` (mask and kernel
    index lists included), the attention as ``method.attend``.
 2. **The shared block-sparse kernel at a fixed random density** (``metrics.kernel``) d = 5/10/25/50
@@ -39,13 +42,14 @@ import torch  # noqa: E402
 import s2o  # noqa: E402
 from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists  # noqa: E402
 from s2o.kernels.launch import Launch  # noqa: E402
+from s2o.methods.flashprefill import OFFICIAL_ALPHA  # noqa: E402
 from s2o.methods.full import full_attention  # noqa: E402
 from s2o.stats import dense_causal_tile_count  # noqa: E402
 
-METHODS = ("flexprefill", "xattn", "pbs")
+METHODS = ("flexprefill", "xattn", "pbs", "flashprefill")
 
 
-def bench_methods(q, k, v, bench, impl):
+def bench_methods(q, k, v, bench, impl, knobs):
     """Full and every method at its defaults on one input: rows of times, density, MSE."""
     L, device = q.shape[2], q.device.type
     backend = "flash" if device == "cuda" else "math"
@@ -68,7 +72,7 @@ def bench_methods(q, k, v, bench, impl):
             print(f"cudnn SDPA skipped: {e}", flush=True)
     for name in METHODS:
         try:
-            rows.append(bench_method(name, q, k, v, ref, L, bench, impl))
+            rows.append(bench_method(name, q, k, v, ref, L, bench, impl, knobs.get(name)))
         except Exception as e:  # record the failure, keep measuring the others
             rows.append({"method": name, "L": L, "error": repr(e)})
             print(json.dumps(rows[-1]), flush=True)
@@ -77,10 +81,11 @@ def bench_methods(q, k, v, bench, impl):
     return rows
 
 
-def bench_method(name, q, k, v, ref, L, bench, impl):
-    """One method at its defaults: estimate / attend times, density, MSE vs ``ref``."""
+def bench_method(name, q, k, v, ref, L, bench, impl, knobs=None):
+    """One method at its defaults (and ``knobs``): estimate / attend times, density, MSE vs
+    ``ref``."""
     m = s2o.METHODS[name]
-    knobs = {**m.defaults, "impl": impl}
+    knobs = {**m.defaults, **(knobs or {}), "impl": impl}
     t_est = bench(lambda m=m, knobs=knobs: m.estimate(q, k, v, **knobs))
     plan = m.estimate(q, k, v, **knobs)
     t_att = bench(lambda m=m, knobs=knobs, plan=plan: m.attend(q, k, v, plan, **knobs))
@@ -190,9 +195,15 @@ def extra_studies(q, k, bench):
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", default="8192,16384,32768,65536,131072")
+    ap.add_argument("--lengths", default="4096,8192,16384,32768,65536,131072")
     ap.add_argument("--kernel-length", type=int, default=131072)
     ap.add_argument("--densities", default="0.05,0.10,0.25,0.50,1.0")
+    ap.add_argument(
+        "--flashprefill-alpha",
+        type=float,
+        default=OFFICIAL_ALPHA["llama"],
+        help="FlashPrefill's alpha (no default; official per model family)",
+    )
     common.add_common_args(ap)
     args = ap.parse_args(argv)
     args.impl, args.configs = "triton", [(None, None), (8, 2), (8, 4), (4, 3), (4, 2)]
@@ -212,6 +223,7 @@ def main(argv=None) -> dict:
     config = {"lengths": lengths, "kernel_length": args.kernel_length, "densities": densities,
               "configs": args.configs, "impl": args.impl, "input": args.input, "seed": args.seed,
               "causal": True, "block": 128 if shape.device == "cuda" else 16,
+              "knobs": {"flashprefill": {"alpha": args.flashprefill_alpha}},
               "smoke": args.smoke}  # fmt: skip
     command = common.command_line("benchmarks.bench_baselines", argv)
     rec = common.Recorder("bench_baselines", config, command, shape, args.out, args.rev,
@@ -222,7 +234,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         common.free_memory()
         qkv = common.make_qkv(args.input, shape, L, args.seed)
-        rows = bench_methods(*qkv, bench, args.impl)
+        rows = bench_methods(*qkv, bench, args.impl, config["knobs"])
         print(f"L={L} done in {time.perf_counter() - t0:.1f} s", flush=True)
         rec.metrics["methods"] += rows
         rec.save()

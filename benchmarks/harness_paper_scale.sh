@@ -32,7 +32,7 @@ step() {  # step SECONDS ARGS...: one run.py call with its own time limit, so la
     failed=1
   fi
 }
-step 150 -m experiment=operator_128k method=s2o,full,flexprefill,xattn,pbs
+step 180 -m experiment=operator_128k method=s2o,full,flexprefill,xattn,pbs,flashprefill
 step 120 experiment=hparams_tau
 step 60 experiment=component_ablation
 step 60 experiment=hparams_S

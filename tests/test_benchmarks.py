@@ -87,7 +87,9 @@ def test_smoke_run_writes_one_record_in_the_harness_schema(records, name):
         }
         assert [f["L"] for f in m["flash"]] == [96, 160]
     elif name == "bench_baselines":
-        assert {r["method"] for r in m["methods"]} >= {"full_math", "flexprefill", "xattn", "pbs"}
+        want = {"full_math", "flexprefill", "xattn", "pbs", "flashprefill"}
+        assert {r["method"] for r in m["methods"]} >= want
+        assert rec["config"]["knobs"] == {"flashprefill": {"alpha": 0.18}}
         assert not [r for r in m["methods"] if "error" in r], m["methods"]
         assert {r["target_density"] for r in m["kernel"]} == {0.05, 0.10, 0.25, 0.50, 1.0}
     elif name == "fig5_bsa":
