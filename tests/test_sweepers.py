@@ -45,15 +45,17 @@ def test_points_must_be_strings_and_parse():
 
 @pytest.mark.parametrize(
     "experiment,n_jobs",
-    [("accuracy_smollm2_ruler_4k", 5 + 12 + 3 + 2 + 2),
-     ("accuracy_gemma3_passkey_32k", 5 + 16 + 3 + 2 + 2),
-     ("accuracy_gemma3_ruler", 5 + 12 + 2 + 2 + 2),
-     ("accuracy_paper_ruler", 5), ("accuracy_paper_infinitebench", 5),
-     ("accuracy_paper_longbench_v2", 5)],
+    [("accuracy_smollm2_ruler_4k", 6 + 12 + 3 + 2 + 2 + 2),
+     ("accuracy_gemma3_passkey_32k", 5 + 1 + 16 + 3 + 2 + 2 + 2),
+     ("accuracy_gemma3_ruler", 5 + 1 + 12 + 2 + 2 + 2 + 2),
+     ("accuracy_paper_ruler", 6), ("accuracy_paper_infinitebench", 6),
+     ("accuracy_paper_longbench_v2", 6), ("accuracy_retrieval_qwen_niah", 4 + 1)],
 )  # fmt: skip
 def test_accuracy_experiments_compose_every_job(experiment, n_jobs):
     """Every job of the file composes (a knob that its method lacks would fail here), and the
     sweep rows run on the tasks named for them."""
+    import run  # noqa: F401  (registers the flashprefill_alpha resolver)
+
     cfg = compose([f"experiment={experiment}"])
     jobs = _jobs(list(cfg.hydra.sweeper.points), [f"experiment={experiment}"])
     assert len(jobs) == n_jobs, jobs
@@ -61,11 +63,15 @@ def test_accuracy_experiments_compose_every_job(experiment, n_jobs):
     for job in jobs:
         c = compose(job)
         # the small models' files measure each layer's error; the 8B files leave it off (a dense
-        # pass per layer and sample at 128K)
+        # pass per layer and sample at 128K), the retrieval diagnosis records evidence recall
         assert c.kind == "accuracy"
-        assert c.benchmark.measure_error is not experiment.startswith("accuracy_paper_")
+        off = experiment.startswith(("accuracy_paper_", "accuracy_retrieval_"))
+        assert c.benchmark.measure_error is not off
         method = c.hydra.runtime.choices.method
-        knobs = {k: c.method.get(k) for k in ("tau", "segment_len", "q_perm", "gamma", "threshold")}
+        keys = ("tau", "segment_len", "q_perm", "gamma", "threshold", "alpha", "dense_tail")
+        knobs = {k: c.method.get(k) for k in keys}  # FlashPrefill's alpha resolves for the model
+        if method == "flashprefill":
+            assert 0 < knobs["alpha"] < 1, job
         seen.add((method, *map(str, knobs.values()), tuple(c.benchmark.tasks)))
     assert len(seen) == n_jobs  # no two jobs are the same run
 
