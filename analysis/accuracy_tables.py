@@ -51,8 +51,9 @@ from eval.significance import (
 from eval.tasks.ruler.recipe import split as split_recipe
 from eval.tokenizers import faulty_tokenizer
 
-ORDER = ("full", "s2o", "flexprefill", "xattn", "pbs")  # rows and figure series, others after
-MAIN_KNOB = {"s2o": "tau", "flexprefill": "gamma", "xattn": "threshold", "pbs": "threshold"}
+ORDER = ("full", "s2o", "flexprefill", "xattn", "pbs", "flashprefill")  # rows, series; others after
+MAIN_KNOB = {"s2o": "tau", "flexprefill": "gamma", "xattn": "threshold", "pbs": "threshold",
+             "flashprefill": "alpha"}  # fmt: skip
 PAPER_MODELS = {"llama31_8b": "Llama-3.1-8B", "qwen3_8b": "Qwen3-8B"}
 ALPHA = 0.05
 CORRECTION = "holm"  # the page's family of comparisons: "holm" (family-wise) or "bh" (FDR)

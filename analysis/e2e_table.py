@@ -105,8 +105,8 @@ def ttft_frame(recs: list[dict]) -> pd.DataFrame:
                 "sparse attn ms": r["sparse_attention_ms"], "rest ms": r["rest_ms"],
                 "target": "met" if speedup / bound >= TARGET_SHARE and speedup >= 1 else "missed",
             })  # fmt: skip
-    order = {"s2o": 0, "flexprefill": 2, "xattn": 3, "pbs": 4}
-    out.sort(key=lambda r: (r["L"], order.get(r["config"].split("_")[0], 5), r["config"]))
+    order = {"s2o": 0, "flexprefill": 2, "xattn": 3, "pbs": 4, "flashprefill": 5}
+    out.sort(key=lambda r: (r["L"], order.get(r["config"].split("_")[0], 6), r["config"]))
     return pd.DataFrame(out)
 
 

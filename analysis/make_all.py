@@ -92,6 +92,28 @@ def _e2e_frame(rec: dict) -> pd.DataFrame:
     return df
 
 
+# the baselines every artifact that compares methods should hold (S2O and Full besides)
+BASELINES = ("flexprefill", "xattn", "pbs", "flashprefill")
+FIG1_COMMAND = (
+    "`python run.py kind=e2e model=llama31_8b model.weights=random 'e2e.lengths=[131072]' "
+    "'e2e.methods=[flexprefill,xattn,pbs,flashprefill]'`"
+)
+TTFT_METHODS = "'e2e.methods=[{name:s2o,tau:0.02},flexprefill,xattn,pbs,flashprefill]'"
+TTFT_COMMAND = (
+    f"`python run.py kind=e2e model=qwen25_coder_1p5b 'e2e.lengths=[32768]' {TTFT_METHODS}` and "
+    f"`python run.py kind=e2e model=qwen25_coder_1p5b model.yarn=true "
+    f"'e2e.lengths=[65536,131072]' {TTFT_METHODS}`"
+)
+
+
+def _missing_baselines(sec: Section, have: set[str], where: str, how: str) -> None:
+    """A missing-records line for each baseline of :data:`BASELINES` that ``where`` lacks (the
+    records were made before it joined), never a number in its place."""
+    for m in BASELINES:
+        if m not in have:
+            sec.missing_line(f"{m} in {where}", how)
+
+
 def fig1(ctx: Ctx) -> Section:
     sec = Section(
         "fig1",
@@ -102,10 +124,11 @@ def fig1(ctx: Ctx) -> Section:
     if rec is None:
         sec.missing_line(
             "a kind=e2e record of llama31_8b (records.e2e.llama31_8b)",
-            "`python run.py kind=e2e model=llama31_8b model.weights=random "
-            "'e2e.lengths=[131072]' 'e2e.methods=[flexprefill,xattn,pbs]'` (GPU)",
+            f"{FIG1_COMMAND} (GPU)",
         )
         return sec
+    _missing_baselines(sec, set(_e2e_frame(rec)["label"]), "the kind=e2e record of llama31_8b",
+                       f"{FIG1_COMMAND} (GPU; every method again, one record)")  # fmt: skip
     df = _e2e_frame(rec)
     df = df[df["L"] == df["L"].max()].reset_index(drop=True)
     L = int(df["L"].iloc[0])
@@ -274,10 +297,12 @@ def ttft(ctx: Ctx) -> Section:
     if not recs:
         sec.missing_line(
             "kind=e2e records of qwen25_coder_1p5b (records.ttft.qwen25_coder_1p5b: a list)",
-            "`python run.py kind=e2e model=qwen25_coder_1p5b 'e2e.lengths=[32768]' ...` and "
-            "`model.yarn=true 'e2e.lengths=[65536,131072]'` (GPU; README, Time to first token)",
+            f"{TTFT_COMMAND} (GPU; README, Time to first token)",
         )
         return sec
+    labels = {r["label"].split("_")[0] for rec in recs for r in rec["metrics"]["rows"]}
+    _missing_baselines(sec, labels, "the pinned kind=e2e records of qwen25_coder_1p5b",
+                       f"{TTFT_COMMAND} (GPU; every configuration again, new records)")  # fmt: skip
     df = e2e_table.ttft_frame(recs)
     env = recs[0]["environment"]
     title = f"Qwen2.5-Coder-1.5B-Instruct, {device_label(env)}"
@@ -412,6 +437,9 @@ def fig4a(ctx: Ctx) -> Section:
         if rec is None:
             sec.missing_line(f"the kind=matched record of experiment={name}", how)
             continue
+        _missing_baselines(sec, set(rec["metrics"]["methods"]),
+                           f"the kind=matched record of experiment={name}",
+                           f"{how}; every method again, one record")  # fmt: skip
         out = ctx.out / f"{name}.png"
         plot_mse_vs_sparsity.plot(rec, out)
         sec.files.append(out.name)
@@ -445,7 +473,7 @@ def fig4a(ctx: Ctx) -> Section:
     return sec
 
 
-FIG4B = ("full", "s2o", "flexprefill", "xattn", "pbs")
+FIG4B = ("full", "s2o", *BASELINES)
 
 
 def fig4b(ctx: Ctx) -> Section:
@@ -463,9 +491,16 @@ def fig4b(ctx: Ctx) -> Section:
             "kind=operator records with timing of S2O and the baselines on one input "
             "(records.fig4b.<method>)",
             "`python run.py -m experiment=operator_128k data=synthetic_calibrated "
-            "method=s2o,full,flexprefill,xattn,pbs` (GPU)",
+            "method=s2o,full,flexprefill,xattn,pbs,flashprefill` (GPU)",
         )
         return sec
+    for m in FIG4B:
+        if m not in found:
+            sec.missing_line(
+                f"the kind=operator record of {m} on the pinned input (records.fig4b.{m})",
+                "`python run.py experiment=operator_128k data=synthetic_calibrated "
+                f"method={m}` (GPU; with the pinned records' data knobs, then pin it)",
+            )
     rows = []
     for m, (rec, path) in found.items():
         lat, met = rec["metrics"]["latency"], rec["metrics"]
@@ -530,9 +565,21 @@ def fig4b(ctx: Ctx) -> Section:
         "attention), both timed in the same run. Paper: "
         f"{ctx.paper['claims']['attention_speedup_128k']}x attention speedup of S2O at 128K "
         "(Llama-3.1-8B, A100); the per-method bars are not in the paper's text.",
+        _flashprefill_paper(ctx, int(rec0["config"]["data"]["L"])),
         _fig4b_differs(ctx, rec0, df),
     ]
     return sec
+
+
+def _flashprefill_paper(ctx: Ctx, L: int) -> str:
+    """FlashPrefill's own paper's speedups (not S2O's paper), beside a row only at its lengths."""
+    fp = ctx.paper["flashprefill_paper"]
+    said = ", ".join(f"{v}x at {int(k) // 1024}K" for k, v in fp["speedup"].items())
+    if L in fp["speedup"]:
+        where = f"at this figure's L={L}: {fp['speedup'][L]}x"
+    else:
+        where = f"no number at this figure's L={L}, so none stands beside a row"
+    return f"FlashPrefill's paper (not S2O's; {fp['cite']}): {said}; {where}."
 
 
 def _fig4b_differs(ctx: Ctx, rec0: dict, df: pd.DataFrame) -> str:
@@ -561,6 +608,7 @@ def _knobs(rec: dict) -> str:
         "flexprefill": ("gamma", "tau"),
         "xattn": ("threshold", "stride"),
         "pbs": ("threshold", "segment_size"),
+        "flashprefill": ("alpha", "dense_tail_tiles"),
     }
     keys = main.get(rec["config"].get("method_name", ""), ())
     return ", ".join(f"{k}={m[k]}" for k in keys if k in m) or "-"
@@ -577,6 +625,18 @@ def _data(rec: dict) -> str:
 
 
 # ------------------------------------------------------------------------- accuracy tables
+
+
+# the experiment file whose point list makes each (benchmark, model) table of the pinned records
+ACCURACY_EXPERIMENTS = {
+    ("ruler", "smollm2_135m"): "accuracy_smollm2_ruler_4k",
+    ("ruler", "gemma3_270m"): "accuracy_gemma3_ruler",
+    ("infinitebench", "gemma3_270m"): "accuracy_gemma3_passkey_32k",
+    ("ruler", "qwen25_coder_1p5b"): "accuracy_retrieval_qwen_niah",
+    ("ruler", "llama31_8b"): "accuracy_paper_ruler",
+    ("infinitebench", "llama31_8b"): "accuracy_paper_infinitebench",
+    ("longbench_v2", "llama31_8b"): "accuracy_paper_longbench_v2",
+}
 
 
 def accuracy(ctx: Ctx) -> Section:
@@ -611,6 +671,12 @@ def accuracy(ctx: Ctx) -> Section:
             "a lower MSE means a higher accuracy on these samples."
         )
         for (bench, model), recs in by.items():
+            if not any(r["method"] == "flashprefill" for r in recs):
+                exp = ACCURACY_EXPERIMENTS.get((bench, model))
+                how = (f"`python run.py -m experiment={exp}` (GPU; its flashprefill points)" if exp
+                       else f"`python run.py kind=accuracy benchmark={bench} model={model} "
+                       "method=flashprefill` (GPU)")  # fmt: skip
+                sec.missing_line(f"flashprefill's kind=accuracy records of {bench}, {model}", how)
             stem = f"accuracy_{bench}_{model}"
             (ctx.out / f"{stem}.md").write_text(accuracy_tables.tables(recs))
             accuracy_tables.figure(recs, ctx.out / f"{stem}.png")
