@@ -24,7 +24,7 @@ Follows ``FlashPrefill.forward`` of the official v1 code (qhfan/FlashPrefill,
 Defaults are the official ones (``block_size`` 128, 2 sink blocks, 4 local blocks, 2 dense tail
 tiles, ``min_budget`` 0). ``alpha`` has no default: the official configs set it per model family
 (:data:`OFFICIAL_ALPHA`); ``conf/method/flashprefill.yaml`` takes it from the model's config
-(``model.flashprefill_alpha``) and 0.18 (Llama-3.1-8B) without a model.
+(``model.arch.model_type``) and 0.18 (Llama-3.1-8B) without a model.
 
 v2 (qhfan/FlashPrefillv2) keeps this rule. Its recipe of 8 dense tail tiles is
 ``dense_tail_tiles=8``; its other changes are not here: the mean correction (each pruned, fully
@@ -165,7 +165,7 @@ def _check(*, alpha, block_size, sink_blocks, local_blocks, dense_tail_tiles, mi
     if alpha is None:
         raise ValueError(
             f"alpha is required (no default): the official configs set it per model family, "
-            f"{OFFICIAL_ALPHA}; conf/method/flashprefill.yaml takes model.flashprefill_alpha"
+            f"{OFFICIAL_ALPHA}; conf/method/flashprefill.yaml picks it by model.arch.model_type"
         )
     alpha = check_finite("alpha", alpha)
     if not 0 <= alpha <= 1:
