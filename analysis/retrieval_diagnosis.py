@@ -41,7 +41,7 @@ def markdown(head: list[str], rows: list[list]) -> str:
 
 
 READING_MASS = 0.1  # a (layer, head) "reads" the evidence when its dense mass there is >= this
-METHOD_ORDER = ("full", "s2o", "flexprefill")
+METHOD_ORDER = ("full", "s2o", "flexprefill", "flashprefill", "xattn", "pbs")
 
 
 def label(rec: dict) -> str:
