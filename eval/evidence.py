@@ -19,6 +19,9 @@ prefix) of the evidence key with the most dense mass in two orders: the segment-
 order (the paper's Step 1, what the kernel walks) and the question's own mean query's order
 (what ranking by the question would give). Evidence ranked late in the first and early in the
 second points at the segment-mean ranking; ranked early but not walked points at the stop rule.
+With S2O's ``tail_rank`` variant (:mod:`s2o.tail_rank`) the question's last tile walks the tail's
+own ranking (its mean query over the last ``tail_rank`` rows), and ``rank_segment_mean`` is the
+rank in *that* order: always the order the question's last query tile actually walked.
 
 The probe runs inside the prefill (``s2o.hf.sparse_prefill(..., observe=probe)``), after each
 layer's timed span, on the layer's own post-RoPE Q/K: nothing is re-run.
@@ -170,6 +173,8 @@ def s2o_ranks(q, k, rows, keys, p, plan, stats, knobs: dict) -> dict:
     ``walk_share`` (walked / ranked tiles of the rows' query tiles, mean over the rows),
     ``rank_segment_mean`` and ``rank_question_mean`` (the rank share, 0 = first, of the ranked
     evidence key with the most dense mass; NaN when no evidence key is in the ranked prefix).
+    ``rank_segment_mean`` is read from the ``kv_perm`` row the last row's query tile walked: the
+    segment's, or with ``tail_rank`` (when the last row is in the tail) the tail's own row.
     ``rows`` may be on the CPU (the probe passes them so): then nothing here waits for the
     device."""
     q_idx, kv_idx = plan
@@ -205,7 +210,11 @@ def s2o_ranks(q, k, rows, keys, p, plan, stats, knobs: dict) -> dict:
     # the evidence key with the most dense mass among the ranked prefix, per head
     ev_mass = (p[..., :prefix] * ranked_ev).mean(2)  # [B, Hq, prefix]
     top = ev_mass.argmax(-1)  # [B, Hq]
-    order = kv_idx[:, :, seg, :prefix].long()  # segment-mean order
+    walked_row, tail = seg, knobs.get("tail_rank", 0)
+    if tail and int(rows_h[-1]) >= L - tail:
+        # the tail's own row: N + seg - n0 (s2o.tail_rank.tail_rows; eval does not import s2o)
+        walked_row = seg + -(-L // S) - max(0, L - tail) // S
+    order = kv_idx[:, :, walked_row, :prefix].long()  # the order the last tile walked
     rank_seg = (order == top[..., None]).long().argmax(-1).float() / prefix
     Hkv = k.shape[1]
     qmean = q[:, :, rows.to(dev, non_blocking=True)].float().mean(2)  # [B, Hq, D]

@@ -72,6 +72,7 @@ from .stats import (
     s2o_stats,
     s2o_walk_tiles,
 )
+from .tail_rank import kv_rows, tail_rows, tail_tiles
 
 
 def segment_ranges(seq_len: int, segment_len: int) -> list[tuple[int, int]]:
@@ -91,9 +92,12 @@ def s2o_permutations(
     local_window: int = 0,
     causal: bool = True,
     dense_tail: int = 0,
+    tail_rank: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 (Alg. 1): the index arrays, nothing else is moved. ``dense_tail`` (a named
     variant, :mod:`s2o.dense_tail`): the last ``dense_tail`` rows leave ``Q_perm``'s order.
+    ``tail_rank`` (a named variant, :mod:`s2o.tail_rank`): so do the last ``tail_rank`` rows, and
+    ``kv_perm`` gets one more row per segment holding them, ranked by their own mean query.
 
     Args:
         q: ``[B, Hq, L, D]``; k: ``[B, Hkv, L, D]``.
@@ -102,7 +106,9 @@ def s2o_permutations(
             segment ``[s, e)``: absolute query positions in descending ``<q, k_guide>`` order.
         kv_perm: ``[B, Hq, N, P_max]`` int64, ``P_max = max_n P_n``. Row ``n`` holds the ranked
             prefix ``0..P_n-1`` (non-causal: the keys outside the window and the own segment) in
-            descending ``<q_mean[n], k>`` order, padded with ``-1``.
+            descending ``<q_mean[n], k>`` order, padded with ``-1``. With ``tail_rank``:
+            ``[B, Hq, N + N_tail, P_max]``, the tail rows after the segments'
+            (:func:`s2o.tail_rank.tail_rows`).
     """
     B, Hq, L, D = q.shape
     group = Hq // k.shape[1]
@@ -117,6 +123,7 @@ def s2o_permutations(
         order = torch.sort(s_q[:, :, s:e], dim=-1, descending=True, stable=True).indices
         q_perm[:, :, s:e] = order + s
     q_perm = tail_last(q_perm, segment_len, dense_tail)
+    q_perm = tail_last(q_perm, segment_len, tail_rank)
 
     q_mean = torch.stack([qf[:, :, s:e].mean(dim=2) for s, e in segs], dim=2)  # [B, Hq, N, D]
     s_k = torch.einsum("bhnd,bhld->bhnl", q_mean, kf)
@@ -133,7 +140,28 @@ def s2o_permutations(
     p_max = int(prefix.max())
     kv_perm = torch.sort(s_k, dim=-1, descending=True, stable=True).indices[..., :p_max].clone()
     kv_perm.masked_fill_(torch.arange(p_max, device=q.device) >= prefix[:, None], -1)
+    if tail_rank:
+        tail = _tail_rankings(qf, kf, segs, prefix, segment_len, tail_rank)
+        kv_perm = torch.cat([kv_perm, tail], dim=2)
     return q_perm, kv_perm
+
+
+def _tail_rankings(qf, kf, segs, prefix, segment_len, tail_rank) -> torch.Tensor:
+    """``tail_rank``'s rows of ``kv_perm`` ``[B, Hq, N_tail, P_max]``: for every segment holding
+    tail rows, its ranked prefix in descending ``<mean of its tail rows' queries, k>`` order."""
+    L = qf.shape[2]
+    p_max = int(prefix.max())
+    start = max(0, L - tail_rank)
+    n0, _ = tail_rows(L, segment_len, tail_rank)
+    rows = []
+    for n in range(n0, len(segs)):
+        s, e = segs[n]
+        q_tail = qf[:, :, max(s, start) : e].mean(dim=2)  # [B, Hq, D]
+        p = int(prefix[n])
+        s_k = torch.einsum("bhd,bhld->bhl", q_tail, kf[:, :, :p])
+        order = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
+        rows.append(torch.nn.functional.pad(order, (0, p_max - p), value=-1))
+    return torch.stack(rows, dim=2)
 
 
 def _pass1_state(q_seg, k, v, seg_start, local_window, scale, causal=True):
@@ -206,6 +234,19 @@ def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_
     return visited
 
 
+def _walk_split(q_rows, state, k, v, ranked, ranked_tail, cut, walk):
+    """:func:`_pass2_walk` for a segment whose walk slots from ``cut`` (a tile boundary) on walk
+    ``ranked_tail`` (``tail_rank``): the two groups of tiles walk apart, each tile stopping on
+    its own as always. ``state`` is updated in place through views."""
+    parts = []
+    for rows, order in ((slice(0, cut), ranked), (slice(cut, None), ranked_tail)):
+        if rows.stop == 0:
+            continue
+        part = [x[:, :, rows] for x in state]
+        parts.append(_pass2_walk(q_rows[:, :, rows], part, k, v, order, *walk))
+    return torch.cat(parts, dim=-1)
+
+
 def s2o_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -224,6 +265,7 @@ def s2o_reference(
     causal: bool = True,
     topk_ratio: float | None = None,
     dense_tail: int = 0,
+    tail_rank: int = 0,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention (Step 1 + Pass-1 + Pass-2) in plain PyTorch; inputs are assumed validated.
 
@@ -243,6 +285,10 @@ def s2o_reference(
         dense_tail: a named variant (:mod:`s2o.dense_tail`, 0: off, the paper's method): the
             query tiles holding the last ``dense_tail`` rows walk their whole ranked prefix;
             ``perms`` must then come from Step 1 with the same ``dense_tail``.
+        tail_rank: a named variant (:mod:`s2o.tail_rank`, 0: off): the query tiles holding the
+            last ``tail_rank`` rows walk their segment's tail row of ``kv_perm`` (ranked by the
+            tail's own mean query) with the normal stop rule; ``perms`` must then come from
+            Step 1 with the same ``tail_rank``.
     Returns:
         out ``[B, Hq, L, D]`` in q's dtype, and :class:`AttentionStats` whose ``extra`` holds
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` (key tiles visited per Pass-2 query tile, in
@@ -255,7 +301,7 @@ def s2o_reference(
     q_idx, kv_idx = (
         perms
         if perms is not None
-        else s2o_permutations(q, k, segment_len, local_window, causal, dense_tail)
+        else s2o_permutations(q, k, segment_len, local_window, causal, dense_tail, tail_rank)
     )
     qf = q.float()
     kf = k.float().repeat_interleave(group, dim=1)
@@ -277,7 +323,14 @@ def s2o_reference(
         ranked = kv_idx[:, :, n, :prefix]
         forced = forced_tiles(s, e - s, block_m, L, dense_tail)
         walk = (block_m, block_n, tau, scale, stop_tile == "keep", forced)
-        visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, *walk))
+        own = tail_tiles(s, e - s, block_m, L, tail_rank)
+        if len(own):  # tail_rank: the tail's tiles walk the tail's own row of kv_perm
+            tail_row = n + tail_rows(L, segment_len, tail_rank)[1]
+            visited.append(_walk_split(q_rows, state, kf, vf, ranked,
+                                       kv_idx[:, :, tail_row, :prefix], own.start * block_m,
+                                       walk))  # fmt: skip
+        else:
+            visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, *walk))
         o = state[2] / state[1][..., None]
         out.scatter_(2, order[..., None].expand(-1, -1, -1, D), o)
     pass2 = torch.cat(visited, dim=-1)
@@ -298,6 +351,7 @@ def s2o_visible_keys(
     block_n: int,
     q_perm: bool,
     causal: bool = True,
+    tail_rank: int = 0,
     **_,
 ) -> torch.Tensor:
     """``[B, Hq, R, L]`` bool: the keys S2O computed for the query positions ``rows`` ``[R]``,
@@ -305,7 +359,8 @@ def s2o_visible_keys(
     same call (reference or kernels): Pass-1's window and own segment (causal), plus the first
     ``visited x block_n`` ranked keys of the row's Pass-2 query tile (the tile that triggered a
     stop included: its ``Q K^T`` was computed; with ``stop_tile="discard"`` its keys did not enter
-    the output). Causal prefill only."""
+    the output). With ``tail_rank`` (:mod:`s2o.tail_rank`) a row of a tail tile walked its
+    segment's tail row of ``kv_perm``, and its keys are read from there. Causal prefill only."""
     if not causal:
         raise NotImplementedError("s2o_visible_keys: causal prefill only")
     q_idx, kv_idx = perms
@@ -332,6 +387,8 @@ def s2o_visible_keys(
         slot = (rows - seg_start).expand(B, Hq, R)
     tile = seg_start // block_m + slot // block_m
     walked = torch.gather(pass2_tiles.to(dev).long(), -1, tile) * block_n  # [B, Hq, R]
+    if tail_rank:  # the kv_perm row each row's tile walked: [B, Hq, R] instead of [R]
+        seg = kv_rows(seg_start + slot, seq_len, segment_len, block_m, tail_rank)
     # rank[b, h, i, t]: the first index of key t in the ranked order of segment segs[i] (P: not
     # ranked); a row walked key t iff rank < min(walked, P). -1 padding goes to key 0 with rank P
     # (a no-op). The segments: the rows' own when they are on the CPU (known without a sync),
@@ -347,5 +404,9 @@ def s2o_visible_keys(
     order = torch.arange(P, device=dev, dtype=dt).expand_as(kv)
     rank = torch.full((*kv.shape[:3], seq_len), P, dtype=dt, device=dev)
     rank.scatter_reduce_(-1, kv.clamp_min(0), torch.where(kv >= 0, order, P), "amin")
-    walk = rank.index_select(2, seg_at) < walked.clamp_max(P).to(dt)[..., None]  # [B, Hq, R, L]
+    if seg.dim() == 1:
+        rank = rank.index_select(2, seg_at)  # [B, Hq, R, L]
+    else:
+        rank = rank.gather(2, seg_at[..., None].expand(-1, -1, -1, seq_len))
+    walk = rank < walked.clamp_max(P).to(dt)[..., None]
     return walk | window
