@@ -9,6 +9,7 @@ import torch
 from .dense_tail import check_dense_tail
 from .reference import s2o_reference
 from .stats import AttentionStats, check_topk_ratio, refuse_topk_with_early_stop
+from .tail_rank import check_tail_rank
 from .validation import (
     check_bool,
     check_choice,
@@ -106,6 +107,7 @@ def s2o_attention(
     causal: bool = True,
     topk_ratio: float | None = None,
     dense_tail: int = 0,
+    tail_rank: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
     """S2O sparse prefill attention, causal by default.
 
@@ -140,6 +142,9 @@ def s2o_attention(
             query tiles holding the last ``dense_tail`` rows walk their whole ranked prefix
             without early stop, so those rows get exact dense attention; their tiles count in
             the density.
+        tail_rank: a named variant, not the paper's method (:mod:`s2o.tail_rank`; 0: off): the
+            query tiles holding the last ``tail_rank`` rows walk their prefix ranked by the
+            tail's own mean query, with the normal stop rule; their tiles count in the density.
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     Raises:
@@ -159,10 +164,12 @@ def s2o_attention(
     topk_ratio = check_topk_ratio(topk_ratio)
     refuse_topk_with_early_stop(topk_ratio, tau)
     check_dense_tail(dense_tail, topk_ratio=topk_ratio, walk_budget=walk_budget, causal=causal)
+    check_tail_rank(tail_rank, dense_tail=dense_tail, causal=causal)
     knobs = dict(
         segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
         local_window=local_window, q_perm=use_q_perm, scale=scale, stop_tile=stop_tile,
         walk_budget=walk_budget, causal=causal, topk_ratio=topk_ratio, dense_tail=dense_tail,
+        tail_rank=tail_rank,
     )  # fmt: skip
     chosen = resolve_impl(impl, q.device)
     check_interpreter_dtype(chosen, q)

@@ -45,6 +45,7 @@ def s2o_triton(
     descriptors: bool | None = None,
     topk_ratio: float | None = None,
     dense_tail: int = 0,
+    tail_rank: int = 0,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention with the Triton kernels; inputs are assumed validated (see ``s2o.api``).
 
@@ -73,6 +74,10 @@ def s2o_triton(
         dense_tail: a named variant (:mod:`s2o.dense_tail`; 0: off): the query tiles holding the
             last ``dense_tail`` rows walk their whole ranked prefix; with ``perms``, they must
             come from Step 1 followed by :func:`s2o.dense_tail.tail_last`.
+        tail_rank: a named variant (:mod:`s2o.tail_rank`; 0: off): the query tiles holding the
+            last ``tail_rank`` rows walk a ranking by the tail's own mean query, with the stop
+            rule; with ``perms``, they must come from :func:`s2o_step1` with the same
+            ``tail_rank`` (or the reference's Step 1 with it).
     Returns:
         ``out`` ``[B, Hq, L, D]`` and :class:`AttentionStats` with the reference's ``extra``:
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` int64, ``pass2_tiles_max``, ``pass1_tiles``.
@@ -87,11 +92,12 @@ def s2o_triton(
                causal=causal)  # fmt: skip
     if perms is None:
         perms = s2o_step1(q, k, segment_len=segment_len, local_window=local_window,
-                          sort_mode=step1_sort, causal=causal)  # fmt: skip
+                          sort_mode=step1_sort, causal=causal, tail_rank=tail_rank)  # fmt: skip
         perms = (tail_last(perms[0], segment_len, dense_tail), perms[1])
     qp, kvp = perms
     walk = dict(tau=tau, scale=scale, stop_tile=stop_tile, out=out, walk_budget=walk_budget,
-                stop_chunk=stop_chunk, topk_ratio=topk_ratio, dense_tail=dense_tail)  # fmt: skip
+                stop_chunk=stop_chunk, topk_ratio=topk_ratio, dense_tail=dense_tail,
+                tail_rank=tail_rank)  # fmt: skip
     if variant == "fused":
         if q_perm:
             raise ValueError("variant='fused' does not reorder queries: q_perm must be False")

@@ -47,6 +47,7 @@ import triton.language as tl
 
 from ..dense_tail import tail_start
 from ..stats import refuse_topk_with_early_stop, s2o_walk_tiles
+from ..tail_rank import tail_rows
 from .launch import Launch, check_head_dim, resolve_launch
 from .tma import kernel_kv_args
 
@@ -473,6 +474,15 @@ def _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _walk_row(seg, a, seg_start, S, L, RANK_TAIL, TAIL_ROW, BLOCK_M: tl.constexpr):
+    """The ``kv_perm`` row the query tile at walk slot ``a`` walks: its segment's, or
+    (``tail_rank``) the segment's tail row ``seg + TAIL_ROW`` when the tile holds a slot of
+    ``[RANK_TAIL, L)`` (``RANK_TAIL = L`` when off)."""
+    last = tl.minimum(tl.minimum(a + BLOCK_M, seg_start + S), L)
+    return tl.where(last > RANK_TAIL, seg + TAIL_ROW, seg)
+
+
+@triton.jit
 def _s2o_pass1_kernel(
     Q, K, V, K_desc, V_desc, M_buf, L_buf, O_buf,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
@@ -516,7 +526,7 @@ def _s2o_pass2_kernel(
     Q, K, V, O, QP, KVP, M_buf, L_buf, O_buf, VISITED, WALK_KEYS,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
-    TAIL, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    TAIL, RANK_TAIL, TAIL_ROW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     USE_QPERM: tl.constexpr, GATHER: tl.constexpr, EARLY_STOP: tl.constexpr,
     KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
@@ -526,7 +536,8 @@ def _s2o_pass2_kernel(
 
     Query tile ``tile`` covers walk slots ``[tile*BM, tile*BM + BM)`` of its segment; row ``r``'s
     position is ``q_perm[b, h, tile*BM + r]`` (identity without USE_QPERM). Key tile ``j`` is
-    ``kv_perm[b, h, n, j*BN : (j+1)*BN]``. ``VISITED[b*Hq + h, tile]`` gets the tiles visited.
+    ``kv_perm[b, h, n, j*BN : (j+1)*BN]`` (``n``: :func:`_walk_row`). ``VISITED[b*Hq + h, tile]``
+    gets the tiles visited.
     """
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
     seg = a // S
@@ -548,7 +559,9 @@ def _s2o_pass2_kernel(
     acc = o1.to(tl.float32) * l1[:, None]
     m_i, l_i, acc, visited = _ranked_walk(
         q, m1, l1, acc, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh,
-        KVP + b * stride_pb + h * stride_ph + seg * stride_pn, stride_kl, stride_vl, P, row_ok,
+        KVP + b * stride_pb + h * stride_ph
+        + _walk_row(seg, a, seg_start, S, L, RANK_TAIL, TAIL_ROW, BLOCK_M) * stride_pn,
+        stride_kl, stride_vl, P, row_ok,
         qk_scale, _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M), BLOCK_M, BLOCK_N, HEAD_D,
         GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
         STOP_GROW, SUB_N, SUBTILE_CHECK,
@@ -564,7 +577,8 @@ def _s2o_fused_kernel(
     Q, K, V, K_desc, V_desc, O, KVP, VISITED, WALK_KEYS,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
     stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
-    TAIL, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
+    TAIL, RANK_TAIL, TAIL_ROW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
     SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr, SUBTILE_CHECK: tl.constexpr,
@@ -590,7 +604,9 @@ def _s2o_fused_kernel(
         SUB_N, HEAD_D, IEEE, USE_DESC, CAUSAL,
     )  # fmt: skip
     m_i, l_i, acc, visited = _ranked_walk(
-        q, m_i, l_i, acc, k_head, v_head, KVP + b * stride_pb + h * stride_ph + seg * stride_pn,
+        q, m_i, l_i, acc, k_head, v_head,
+        KVP + b * stride_pb + h * stride_ph
+        + _walk_row(seg, a, seg_start, S, L, RANK_TAIL, TAIL_ROW, BLOCK_M) * stride_pn,
         stride_kl, stride_vl,
         _walk_len(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P, WALK_KEYS, seg, TOPK), row_ok,
         qk_scale, _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M), BLOCK_M, BLOCK_N, HEAD_D,
@@ -685,6 +701,19 @@ def _discard_stages(cfg: dict, launch: Launch | None, two_sweeps: bool) -> dict:
     return cfg
 
 
+def _rank_tail(L: int, segment_len: int, tail_rank: int, kv_perm: torch.Tensor):
+    """``(RANK_TAIL, TAIL_ROW)`` of the walking kernels: the first tail slot (``L``: off) and the
+    offset from a segment's ``kv_perm`` row to its tail row; refuses a ``kv_perm`` without them."""
+    n0, n_tail = tail_rows(L, segment_len, tail_rank)
+    want = n0 + 2 * n_tail  # N = n0 + n_tail segment rows, then n_tail tail rows
+    if tail_rank and kv_perm.shape[2] != want:
+        raise ValueError(
+            f"kv_perm has {kv_perm.shape[2]} rows, tail_rank={tail_rank} needs {want} (N "
+            f"segments + the tail's own rows): make perms with Step 1's tail_rank={tail_rank}"
+        )
+    return tail_start(L, tail_rank), n_tail
+
+
 def _walk_buffers(q, k, v, kv_perm, scale, block_m, out):
     """Inputs of a walking kernel: ``(_prep(...), out, visited, kv_perm)`` (an empty ``kv_perm``
     becomes a dummy that is never read)."""
@@ -702,7 +731,7 @@ def s2o_pass2(
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
     walk_budget=None, causal=True, launch: Launch | None = None,
     stop_chunk: tuple[int, int] | None = None, topk_ratio: float | None = None,
-    subtile_check: int = SUBTILE_CHECK, dense_tail: int = 0,
+    subtile_check: int = SUBTILE_CHECK, dense_tail: int = 0, tail_rank: int = 0,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
@@ -720,6 +749,9 @@ def s2o_pass2(
     default :data:`SUBTILE_CHECK`, the fastest on the GPU); no effect elsewhere.
     ``dense_tail``: the query tiles holding walk slots ``>= L - dense_tail`` never stop
     (:mod:`s2o.dense_tail`; ``q_perm`` must come from Step 1 with the same ``dense_tail``).
+    ``tail_rank``: the query tiles holding walk slots ``>= L - tail_rank`` walk their segment's
+    tail row of ``kv_perm`` (:mod:`s2o.tail_rank`; both perms from Step 1 with the same
+    ``tail_rank``).
     """
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
@@ -741,7 +773,8 @@ def s2o_pass2(
         visited if walk_keys is None else walk_keys,
         *_strides(q), *_strides(k), *_strides(v), *_kv_strides(kvp), L, Hq, Hq // k.shape[1],
         segment_len, local_window, n_tiles, qk_scale, float(tau),
-        _max_prefix(walk_budget, block_n, L), tail_start(L, dense_tail), BLOCK_M=block_m,
+        _max_prefix(walk_budget, block_n, L), tail_start(L, dense_tail),
+        *_rank_tail(L, segment_len, tail_rank, kv_perm), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=chunk, STOP_GROW=grow, SUB_N=sub_n,
         CAUSAL=bool(causal), TOPK=walk_keys is not None, SUBTILE_CHECK=subtile_check, **cfg,
@@ -754,11 +787,11 @@ def s2o_fused(
     gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None, causal=True,
     launch: Launch | None = None, stop_chunk: tuple[int, int] | None = None,
     descriptors: bool | None = None, topk_ratio: float | None = None,
-    subtile_check: int = SUBTILE_CHECK, dense_tail: int = 0,
+    subtile_check: int = SUBTILE_CHECK, dense_tail: int = 0, tail_rank: int = 0,
 ):  # fmt: skip
     """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`
-    (``topk_ratio``, ``subtile_check`` and ``dense_tail`` too); ``launch.sub_n`` is also the key
-    tile of its dense part, ``descriptors`` as :func:`s2o_pass1`."""
+    (``topk_ratio``, ``subtile_check``, ``dense_tail`` and ``tail_rank`` too); ``launch.sub_n``
+    is also the key tile of its dense part, ``descriptors`` as :func:`s2o_pass1`."""
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
     )
@@ -777,7 +810,7 @@ def s2o_fused(
         *_strides(q), *_strides(k), *_strides(v),
         *_kv_strides(kvp), L, Hq, Hq // k.shape[1], segment_len, local_window, n_tiles, qk_scale,
         float(tau), _max_prefix(walk_budget, block_n, L), tail_start(L, dense_tail),
-        BLOCK_M=block_m, BLOCK_N=block_n,
+        *_rank_tail(L, segment_len, tail_rank, kv_perm), BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop, KEEP_STOP=_keep(stop_tile), IEEE=ieee,
         STOP_CHUNK=chunk, STOP_GROW=grow, USE_DESC=use_desc, SUB_N=sub_n, CAUSAL=bool(causal),
         TOPK=walk_keys is not None, SUBTILE_CHECK=subtile_check, **cfg,

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..dense_tail import tail_last, tail_start
+from ..tail_rank import tail_rows
 from .step1_sort import (
     _SORT_MODES,
     INDEX_DTYPE,
@@ -256,6 +258,28 @@ def _query_perm(s_q: torch.Tensor, segment_len: int) -> torch.Tensor:
     return (order + base).view(B, Hq, n_seg * segment_len)[..., :L]
 
 
+def _rank_tail(q, k, segment_len: int, local_window: int, tail_rank: int,
+               p_max: int) -> torch.Tensor:  # fmt: skip
+    """``tail_rank``'s rows of ``kv_perm`` ``[B, Hq, N_tail, p_max]`` int64: segment ``n``'s ranked
+    prefix in descending fp32 ``<mean of its tail rows' queries, k>`` order (stable), ``-1``
+    padded. GQA without repeating K: the ``G * N_tail`` means of a key head in one product."""
+    B, Hq, L, D = q.shape
+    Hkv = k.shape[1]
+    start = tail_start(L, tail_rank)
+    n0, n_tail = tail_rows(L, segment_len, tail_rank)
+    means = [q[:, :, max(n * segment_len, start) : min((n + 1) * segment_len, L)]
+             for n in range(n0, n0 + n_tail)]  # fmt: skip
+    q_tail = torch.stack([x.sum(dim=2, dtype=torch.float32) / x.shape[2] for x in means], dim=2)
+    qm = q_tail.view(B, Hkv, (Hq // Hkv) * n_tail, D)
+    s_k = torch.matmul(qm, k[:, :, :p_max].float().transpose(-1, -2)).view(B, Hq, n_tail, p_max)
+    prefix = torch.tensor([max(0, n * segment_len - local_window) for n in range(n0, n0 + n_tail)],
+                          device=q.device)  # fmt: skip
+    cols = torch.arange(p_max, device=q.device)
+    s_k.masked_fill_(cols >= prefix[:, None], float("-inf"))
+    order = torch.sort(s_k, dim=-1, descending=True, stable=True).indices
+    return order.masked_fill_(cols >= prefix[:, None], -1)
+
+
 def s2o_step1(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -266,6 +290,7 @@ def s2o_step1(
     sort_mode: str | None = None,
     causal: bool = True,
     fused_scores: bool | None = None,
+    tail_rank: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 (Alg. 1): ``(q_perm [B, Hq, L] int64, kv_perm [B, Hq, N, P_max])``.
 
@@ -284,12 +309,27 @@ def s2o_step1(
         fused_scores: score the keys with :func:`_s2o_key_scores_kernel` (None: for bf16 K on
             CUDA; True forces it, with fp32 operands off CUDA; False: an fp32 copy of K and fp32
             GEMMs).
+        tail_rank: a named variant (:mod:`s2o.tail_rank`; 0: off, the paper's Step 1): the last
+            ``tail_rank`` rows go last in their segments' ``q_perm`` and ``kv_perm`` gets one row
+            per segment holding them, ranked by their own mean query (:func:`_rank_tail`);
+            causal only.
     Returns:
         q_perm: absolute query positions, descending ``<q, mean(k[:, :, :S])>`` inside each segment.
         kv_perm: row ``n`` = keys ``0..P_n-1`` (``P_n = max(0, n*S - W)``) in descending
             ``<mean(q_segment_n), k>`` order, padded with ``-1``; non-causal: the ``P_n = L -
             (e_n - max(0, n*S - W))`` keys outside ``[n*S - W, e_n)`` (``e_n`` the segment's end).
+            With ``tail_rank``, the tail's rows follow (:func:`s2o.tail_rank.tail_rows`).
     """
+    if tail_rank:
+        if not causal:
+            raise ValueError(f"tail_rank={tail_rank} ranks a causal prefix: causal must be True")
+        q_perm, kv_perm = s2o_step1(
+            q, k, segment_len=segment_len, local_window=local_window, index_dtype=index_dtype,
+            sort_mode=sort_mode, fused_scores=fused_scores,
+        )  # fmt: skip
+        tail = _rank_tail(q, k, segment_len, local_window, tail_rank, kv_perm.shape[-1])
+        kv_perm = torch.cat([kv_perm, tail.to(kv_perm.dtype)], dim=2)
+        return tail_last(q_perm, segment_len, tail_rank), kv_perm
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
     group = Hq // Hkv

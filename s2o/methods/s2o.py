@@ -14,6 +14,7 @@ from ..api import check_s2o_args, resolve_impl
 from ..dense_tail import check_dense_tail, tail_last
 from ..reference import s2o_permutations, s2o_reference, s2o_visible_keys
 from ..stats import check_topk_ratio
+from ..tail_rank import check_tail_rank
 from ..validation import check_choice
 from .launch_knob import check_per_kernel, to_launch
 from .registry import Method, register
@@ -35,6 +36,7 @@ DEFAULTS = {
     "launch": None,
     "topk_ratio": None,
     "dense_tail": 0,
+    "tail_rank": 0,
 }
 LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
@@ -63,7 +65,7 @@ def _check_sort(step1_sort, impl: str) -> None:
         )
 
 
-def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, **knobs):
+def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, tail_rank, **knobs):
     check_per_kernel(launch, LAUNCH_KERNELS)
     check_choice("impl", impl, ("auto", "reference", "triton"))
     check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
@@ -74,32 +76,35 @@ def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, **knobs)
     _check_topk(topk_ratio, knobs["tau"])
     check_dense_tail(dense_tail, topk_ratio=topk_ratio, walk_budget=knobs["walk_budget"],
                      causal=causal)  # fmt: skip
+    check_tail_rank(tail_rank, dense_tail=dense_tail, causal=causal)
 
 
-def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, dense_tail, **_):
+def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, dense_tail,
+              tail_rank, **_):  # fmt: skip
     """Step 1; ``step1_sort`` picks the Triton path's sort (the reference has one: ``'cub'``
-    is refused there). ``dense_tail`` moves the last rows out of ``Q_perm``'s order."""
+    is refused there). ``dense_tail`` moves the last rows out of ``Q_perm``'s order;
+    ``tail_rank`` does too and adds the tail's own rows to ``KV_perm``."""
     if resolve_impl(impl, q.device) == "reference":
         _check_sort(step1_sort, "reference")
-        return s2o_permutations(q, k, segment_len, local_window, causal, dense_tail)
+        return s2o_permutations(q, k, segment_len, local_window, causal, dense_tail, tail_rank)
     from ..kernels import s2o_step1
 
     q_perm, kv_perm = s2o_step1(
         q, k, segment_len=segment_len, local_window=local_window, sort_mode=step1_sort,
-        causal=causal,
+        causal=causal, tail_rank=tail_rank,
     )  # fmt: skip
     return tail_last(q_perm, segment_len, dense_tail), kv_perm
 
 
 def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, topk_ratio, dense_tail,
-             **knobs):  # fmt: skip
+             tail_rank, **knobs):  # fmt: skip
     """Knobs as ``attend`` takes them: the effective ``q_perm`` (validated once), a float tau and
     topk_ratio, and the Triton launch settings as ``{kernel: Launch}``."""
     use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, tau=tau, **knobs)
     return dict(
         knobs, variant=variant, q_perm=use_q_perm, tau=float(tau), step1_sort=step1_sort,
         impl=impl, causal=causal, launch=launch, topk_ratio=_check_topk(topk_ratio, tau),
-        dense_tail=dense_tail,
+        dense_tail=dense_tail, tail_rank=tail_rank,
     )  # fmt: skip
 
 
