@@ -1,4 +1,4 @@
-"""Issue 16, library part: inputs that used to give silently wrong numbers or late, unnamed errors.
+"""The library refuses inputs that used to give silently wrong numbers or late, unnamed errors.
 
 Each test uses the input the fuzz campaign or the new-user trial reported.
 """

@@ -1,5 +1,6 @@
-"""Issue 16, harness part: no NaN result recorded ok, no stale result reused silently, errors early
-and in one line. Each test uses the command line or input the issue reports."""
+"""The harness's safeguards (issue 16): no NaN result recorded ok, no stale result reused
+silently, errors early and in one line. Each test uses the command line or input the issue
+reports."""
 
 from __future__ import annotations
 
