@@ -45,13 +45,15 @@ METHOD_ORDER = ("full", "s2o", "flexprefill", "flashprefill", "xattn", "pbs")
 
 
 def label(rec: dict) -> str:
-    """``full``, ``s2o``, ``s2o dense_tail=128``, ``flexprefill`` (a knob off its default named)."""
+    """``full``, ``s2o``, ``s2o dense_tail=128``, ``s2o tail_rank=128``, ``flexprefill`` (a knob
+    off its default named)."""
     name = rec["metrics"]["method"]
     knobs = rec["metrics"].get("knobs") or {}
     extra = []
     if name == "s2o":
-        if knobs.get("dense_tail"):
-            extra.append(f"dense_tail={knobs['dense_tail']}")
+        for variant in ("dense_tail", "tail_rank"):
+            if knobs.get(variant):
+                extra.append(f"{variant}={knobs[variant]}")
         if knobs.get("tau") not in (None, 0.005):
             extra.append(f"tau={knobs['tau']}")
         if knobs.get("segment_len") not in (None, 2048):
@@ -486,8 +488,8 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
         markdown(["paper", "ours matches", "note"], FIDELITY),
         "",
         "The kernels equal the reference on these rules (tests/test_kernels_interpreter.py, "
-        "tests/test_kernels_gpu.py); `dense_tail` is a named variant, not the paper's method "
-        "(s2o/dense_tail.py).",
+        "tests/test_kernels_gpu.py); `dense_tail` and `tail_rank` are named variants, not the "
+        "paper's method (s2o/dense_tail.py, s2o/tail_rank.py).",
     ]
     if fig is not None:
         parts += ["", f"![evidence recall per layer and head]({fig.name})"]
@@ -543,11 +545,10 @@ def section(ctx):
         "",
         *[f"- {line}" for line in summary(rows)],
     ]
-    if not any(lab.startswith("s2o dense_tail") for lab in recs):
-        sec.missing_line(
-            "the named variant s2o dense_tail=128 on the same samples",
-            GPU_COMMAND,
-        )
+    for variant in ("dense_tail", "tail_rank"):
+        if not any(lab.startswith(f"s2o {variant}") for lab in recs):
+            sec.missing_line(f"the named variant s2o {variant}=128 on the same samples",
+                             GPU_COMMAND)  # fmt: skip
     return sec
 
 
