@@ -155,24 +155,25 @@ def test_cli_reads_a_folder_of_records(tmp_path):
     assert "| qwen25_coder_1p5b | s2o `m01` | niah_single_2 | 32768 | 2 |" in out.read_text()
 
 
-def test_a_record_of_the_accuracy_loop_reads_as_measured(tmp_path, monkeypatch):
+@pytest.fixture
+def tiny_llama():
+    """test_accuracy's tiny Llama and BPE tokenizer (the fixture's function, called directly)."""
+    pytest.importorskip("transformers")
+    from test_accuracy import model_and_tokenizer
+
+    return model_and_tokenizer.__wrapped__()
+
+
+def test_a_record_of_the_accuracy_loop_reads_as_measured(tmp_path, monkeypatch, tiny_llama):
     """The fields experiments/accuracy.py writes are the ones the page reads (tiny model, CPU)."""
     pytest.importorskip("transformers")
     pytest.importorskip("wonderwords")
     from harness_util import run_inprocess
     from test_accuracy import _job
-    from test_ruler import bpe_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from experiments import accuracy
 
-    tok = bpe_tokenizer()
-    cfg = AutoConfig.for_model(
-        "llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-    )  # fmt: skip
-    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model, tok = tiny_llama
     monkeypatch.setattr(accuracy, "_LOADED", {})
     monkeypatch.setattr(accuracy.models, "load", lambda *a, **k: (model, tok))
     run_inprocess(_job(tmp_path), tmp_path / "results")
