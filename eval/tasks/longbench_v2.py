@@ -12,6 +12,7 @@ from typing import Any
 
 from ..metrics import extract_choice
 from ..significance import score_interval
+from .base import Ask, Task, make_sample, register
 from .common import check_fields, iter_jsonl, local_or_hub, truncate_middle
 
 HUB_ID = "THUDM/LongBench-v2"
@@ -195,3 +196,47 @@ def aggregate(records: Sequence[dict], compensated: bool = False) -> dict:
             "hi": 100 * ci["hi"],
         }
     return out
+
+
+# ---------------------------------------------------------------- the benchmark task
+
+
+@register
+class LongBenchV2(Task):
+    """LongBench v2 as a benchmark task: the official prompt (CoT with ``benchmark.cot``, then the
+    answer turn), the extracted choice as the score, the breakdown of :func:`aggregate`."""
+
+    name = "longbench_v2"
+
+    def samples(self, bench: dict, fmt) -> list[dict]:
+        items = load(dict(bench.get("data") or {}).get("path"), bench["n"])
+        cot = bool(bench.get("cot"))
+        keep = ("difficulty", "length_bucket", "cot_item")
+        return [
+            make_sample(dict(s, length=None), s["input"], s["max_new_tokens"], keep)
+            for s in to_samples(items, fmt.tokenizer, bench["max_len"], cot, fmt.render)
+        ]
+
+    def second_turn(self, sample: dict, first: dict, ask: Ask) -> dict:
+        """CoT: the second turn asks for the answer given the first turn's reasoning (a short
+        prompt without the document). The sample's density is the first, long prefill's; the
+        times add up both turns."""
+        if not sample.get("cot_item"):
+            return first
+        second = ask(build_cot_answer_prompt(sample["cot_item"], first["prediction"]),
+                     MAX_NEW_TOKENS)  # fmt: skip
+        add = lambda k: None if first[k] is None or second[k] is None else first[k] + second[k]
+        return {
+            **first, "prediction": second["prediction"], "cot_response": first["prediction"],
+            "new_tokens": first["new_tokens"] + second["new_tokens"],
+            "prefill_ms": add("prefill_ms"), "decode_ms": add("decode_ms"),
+            "answer_turn_prompt_tokens": second["prompt_tokens"],
+        }  # fmt: skip
+
+    def score(self, sample: dict, prediction: str) -> tuple[float, dict]:
+        judged = judge(prediction, sample["gold"])
+        return float(judged["judge"]), {"pred": judged["pred"], "difficulty": sample["difficulty"],
+                                        "length_bucket": sample["length_bucket"]}  # fmt: skip
+
+    def aggregate(self, lines: Sequence[dict]) -> dict:
+        return aggregate([dict(r, judge=bool(r["score"]), pred=r.get("pred")) for r in lines])

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ... import metrics
+from ..base import Task, TaskConfigError, make_sample, register
 from ..cache import cached_samples, file_identity
 from . import cwe, fwe, niah, qa, recipe, vt
 from .common import PromptFormat, default_essays_dir, identity
@@ -30,6 +32,7 @@ from .templates import FAMILIES, TASKS, family_of
 __all__ = [
     "GENERATOR_VERSION",
     "PromptFormat",
+    "Ruler",
     "TASKS",
     "check_recipe",
     "generate",
@@ -148,3 +151,44 @@ def load_samples(
         data=_data_identity(task, data),
     )
     return cached_samples(key, lambda: generate(task, length, fmt, n, seed, data), cache_dir)
+
+
+@register
+class Ruler(Task):
+    """RULER as a benchmark task: samples from :func:`load_samples` (cached), each task's own
+    metric (:func:`eval.metrics.ruler_score`)."""
+
+    name = "ruler"
+
+    def check(self, bench: dict) -> None:
+        tasks = list(bench.get("tasks") or [])
+        unknown = [t for t in tasks if t not in TASKS]
+        if unknown:
+            raise TaskConfigError(
+                f"benchmark.tasks: unknown RULER task(s) {unknown}; known: {sorted(TASKS)}"
+            )
+        if bench.get("n") is None:
+            raise TaskConfigError("benchmark=ruler generates its samples: give benchmark.n=<int>")
+        for pkg, need in missing_packages(tasks, bench.get("data")).items():
+            raise TaskConfigError(
+                f"benchmark.tasks {need} need PyPI `{pkg}`, which is not installed: "
+                "pip install -e '.[bench]' (or carry its wheel to a machine without network)"
+            )
+
+    def lengths(self, bench: dict) -> list:
+        return list(bench["lengths"])
+
+    def samples(self, bench: dict, fmt: PromptFormat) -> list[dict]:
+        n, seed, data = bench["n"], bench["seed"], dict(bench.get("data") or {})
+        if n is None:
+            raise TaskConfigError("benchmark=ruler generates its samples: give benchmark.n=<int>")
+        keep = ("metric", "evidence", "question")
+        return [
+            make_sample(s, s["input"] + s["answer_prefix"], s["tokens_to_generate"], keep)
+            for task in bench["tasks"]
+            for length in bench["lengths"]
+            for s in load_samples(task, length, fmt, n, seed, data, bench["cache_dir"])
+        ]
+
+    def score(self, sample: dict, prediction: str) -> tuple[float, dict]:
+        return metrics.ruler_score(sample["metric"], prediction, sample["gold"]), {}
