@@ -68,7 +68,8 @@ def test_accuracy_experiments_compose_every_job(experiment, n_jobs):
         off = experiment.startswith(("accuracy_paper_", "accuracy_retrieval_"))
         assert c.benchmark.measure_error is not off
         method = c.hydra.runtime.choices.method
-        keys = ("tau", "segment_len", "q_perm", "gamma", "threshold", "alpha", "dense_tail")
+        keys = ("tau", "segment_len", "q_perm", "gamma", "threshold", "alpha", "dense_tail",
+                "tail_rank")
         knobs = {k: c.method.get(k) for k in keys}  # FlashPrefill's alpha resolves for the model
         if method == "flashprefill":
             assert 0 < knobs["alpha"] < 1, job
