@@ -5,7 +5,8 @@
     python run.py experiment=hparams_tau                         # a paper table, by name
 
 The record of a run lands in ``results/runs/<method>/<id>/record.json`` (kind=operator) or
-``results/experiments/<name>/<id>/record.json`` (sweep, matched), ``<id>`` being a hash of the
+``results/experiments/<name>/<id>/record.json`` (sweep, matched), and so on by kind
+(experiments/records.py), ``<id>`` being a hash of the
 resolved config, the GPU model, the code revision and the data files' content; a rerun skips a
 record that exists with status ok. Config errors end in one line (exit code 2). See
 docs/harness.md.
@@ -24,19 +25,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from experiments.common import (
-    NOT_E2E_IDENTITY,
     ConfigError,
     JobContext,
     WandbLogger,
     check_writable,
-    execute,
-    experiment_record_path,
-    point_record_path,
     resolved_config,
-    reusable,
-    run_identity,
 )
 from experiments.provenance import code_revision, jobs_per_gpu
+from experiments.records import execute, record_path, reusable
 
 KINDS = ("operator", "sweep", "matched", "e2e", "accuracy")
 
@@ -198,17 +194,7 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
             file=sys.stderr,
         )
     warn_shared_gpu(resolved)
-    is_point = resolved["kind"] == "operator"
-    if is_point:
-        path = point_record_path(resolved)
-    elif resolved["kind"] == "e2e":
-        path = e2e_record_path(resolved)
-    elif resolved["kind"] == "accuracy":
-        from experiments.accuracy import record_path
-
-        path = record_path(resolved)
-    else:
-        path = experiment_record_path(resolved)
+    path = record_path(resolved)
     done, how = reusable(resolved, path)
     if done is not None:
         if how == "stale":
@@ -224,22 +210,6 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
         print(f"error: {record['error']} (traceback in the record)", file=sys.stderr)
     print(f"record: {path} ({record['status']}, {record['elapsed_s']:.1f} s)")
     return {**record, "path": str(path)}
-
-
-def e2e_record_path(resolved: dict):
-    """``results/e2e/<model>/<method>/<id>/record.json``."""
-    from pathlib import Path
-
-    model = (resolved.get("model") or {}).get("name", "no_model")
-    rid = run_identity(resolved, NOT_E2E_IDENTITY)["id"]
-    return (
-        Path(resolved["results_dir"])
-        / "e2e"
-        / model
-        / resolved["method_name"]
-        / rid
-        / "record.json"
-    )
 
 
 def outcome(record: dict) -> dict:

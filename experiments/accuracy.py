@@ -58,18 +58,8 @@ from eval.tasks import base as tasks
 from eval.tasks.ruler.common import PromptFormat
 from s2o.hf import sparse_prefill
 
-from .common import NOT_ACCURACY_IDENTITY, ConfigError, JobContext, WandbLogger, run_identity
-
-
-def record_path(resolved: dict) -> Path:
-    """``results/accuracy/<benchmark>/<model>/<method>/<id>/record.json`` (samples beside it).
-    The job is checked first (:func:`check_job`): run.py asks for this path before it runs or
-    records anything, so a job that cannot run is refused there in one line."""
-    check_job(resolved)
-    model = (resolved.get("model") or {}).get("name", "no_model")
-    rid = run_identity(resolved, NOT_ACCURACY_IDENTITY)["id"]
-    root = Path(resolved["results_dir"]) / "accuracy" / resolved["benchmark"]["name"]
-    return root / model / resolved["method_name"] / rid / "record.json"
+from .common import ConfigError, JobContext, WandbLogger
+from .records import accuracy_record_path as record_path  # tests/test_qwen.py calls this name
 
 
 def check_job(resolved: dict, config=None) -> None:

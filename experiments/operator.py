@@ -18,13 +18,8 @@ from eval.data import Layer, load_layers
 from s2o import METHODS, sparse_attention
 from s2o.methods import resolve_knobs
 
-from .common import (
-    JobContext,
-    WandbLogger,
-    check_memory,
-    data_fingerprint,
-    model_fingerprint,
-)
+from .common import JobContext, WandbLogger, check_memory
+from .records import data_fingerprint, model_fingerprint
 from .timing import bench_ms
 
 

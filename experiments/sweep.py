@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from . import operator
-from .common import JobContext, WandbLogger, execute, point_record_path, resolved_config
+from .common import JobContext, WandbLogger, resolved_config
+from .records import execute, point_record_path
 
 
 def expand(sweep: dict) -> list[tuple[str, dict]]:

@@ -13,7 +13,7 @@ import yaml
 from analysis import accuracy_tables as at
 from eval import significance as sig
 from experiments.accuracy import append_line, cells
-from experiments.common import write_record
+from experiments.records import write_record
 from tests.test_accuracy_tables import CLOSE, FULL, LOSSY, root  # noqa: F401 (fixture)
 
 

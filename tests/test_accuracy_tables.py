@@ -13,7 +13,7 @@ import pytest
 
 from analysis import accuracy_tables as at
 from experiments.accuracy import append_line, cells
-from experiments.common import write_record
+from experiments.records import write_record
 
 N = 20
 FULL = [1] * 10 + [0] * 10

@@ -12,8 +12,9 @@ import torch
 from harness_util import ROOT, compose, run_cli, run_inprocess
 
 import run
-from experiments import common
-from experiments.common import ConfigError, execute, point_record_path, resolved_config
+from experiments import records as common
+from experiments.common import ConfigError, resolved_config
+from experiments.records import execute, point_record_path
 
 TINY = ["dry_run=true", "timing.enabled=false"]
 

@@ -200,7 +200,7 @@ def _resolved(*overrides: str, kind: tuple[str, ...] = ("kind=e2e",)) -> dict:
 
 
 def test_yarn_is_part_of_the_run_identity():
-    from experiments.common import NOT_ACCURACY_IDENTITY, NOT_E2E_IDENTITY, run_identity
+    from experiments.records import NOT_ACCURACY_IDENTITY, NOT_E2E_IDENTITY, run_identity
 
     plain, yarn, explicit = _resolved(), _resolved("model.yarn=true"), _resolved(YARN_OVERRIDE)
     assert yarn["model"]["yarn"] is True and explicit["model"]["rope_scaling"] == YARN

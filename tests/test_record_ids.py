@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import common
+from experiments import records as common
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 # Made at e6ed293 (2026-11-23), before kind=e2e left tau/S/sweep/matched/benchmark out of its
