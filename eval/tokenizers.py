@@ -46,7 +46,7 @@ from pathlib import Path
 from . import files
 
 # Bump when how a tokenizer is built or verified changes: cached tokenizers are rebuilt, and a
-# run's identity (experiments.common.model_fingerprint) changes with it.
+# run's identity (experiments.records.model_fingerprint) changes with it.
 VERIFY_VERSION = 1
 
 PROBES: tuple[str, ...] = (
