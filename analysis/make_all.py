@@ -35,7 +35,7 @@ from analysis import (
     retrieval_diagnosis,
 )
 from analysis.plotting import save, setup
-from analysis.records import HERE, MANIFEST, device_label, paper_numbers
+from analysis.records import HERE, MANIFEST, device_label, paper_numbers, rel_path
 from analysis.sections import Section
 from analysis.tables import markdown
 from eval.tokenizers import faulty_tokenizer
@@ -455,7 +455,7 @@ def fig4a(ctx: Ctx) -> Section:
             "",
         ]
         sec.sources.append(
-            f"`{_rel(rec['_path'])}` ({device_label(rec['environment'])}, git "
+            f"`{rel_path(rec['_path'])}` ({device_label(rec['environment'])}, git "
             f"{rec['environment']['git_revision'][:7]}, {_fig4a_input(ctx, rec)})"
         )
     sec.body += [
@@ -768,12 +768,6 @@ def _ablations_differs(ctx: Ctx, recs: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- the page
-
-
-def _rel(path: str) -> str:
-    p = Path(path)
-    parts = p.parts
-    return str(Path(*parts[parts.index("results") :])) if "results" in parts else str(p)
 
 
 SECTIONS = (

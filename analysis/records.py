@@ -19,6 +19,12 @@ MANIFEST = "manifest.yaml"
 SCRATCH = ROOT / "outputs" / "analysis"
 
 
+def rel_path(path) -> str:
+    """A record's path as the pages print it: from ``results/`` on (as given when it has none)."""
+    parts = Path(path).parts
+    return str(Path(*parts[parts.index("results") :])) if "results" in parts else str(path)
+
+
 def paper_numbers() -> dict:
     return yaml.safe_load((HERE / "paper_numbers.yaml").read_text())
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.accuracy_tables import find, load
-from analysis.records import SCRATCH
+from analysis.records import SCRATCH, rel_path
 from analysis.tables import markdown as _markdown
 from eval.evidence import MIN_MASS
 from eval.significance import adjust_p, mcnemar_exact
@@ -450,7 +450,7 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
         "",
         "Records:",
         "",
-        *[f"- `{r['_path']}` ({lab})" for lab, r in recs.items()],
+        *[f"- `{rel_path(r['_path'])}` ({lab})" for lab, r in recs.items()],
         "",
         provenance(recs),
         "",
@@ -480,7 +480,8 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
         "",
         "## Evidence recall against accuracy",
         "",
-        recall_vs_accuracy(rows) or "No significant accuracy difference runs against the "
+        recall_vs_accuracy(rows)
+        or "No significant accuracy difference runs against the "
         "evidence recall order on this page.",
         "",
         "## Our S2O against the paper's text",
@@ -535,7 +536,7 @@ def section(ctx):
     fig = figure(recs, ctx.out / PAGE.replace(".md", ".png"))
     (ctx.out / PAGE).write_text(page(recs, fig))
     sec.files += [PAGE] + ([fig.name] if fig is not None else [])
-    sec.sources += [f"`{_rel_results(p)}`" for p in paths]
+    sec.sources += [f"`{rel_path(p)}`" for p in paths]
     rows = accuracy_rows(recs)
     sec.body += [
         f"The whole page, with evidence recall, where S2O loses the needle and the fidelity "
@@ -550,11 +551,6 @@ def section(ctx):
             sec.missing_line(f"the named variant s2o {variant}=128 on the same samples",
                              GPU_COMMAND)  # fmt: skip
     return sec
-
-
-def _rel_results(p: Path) -> str:
-    parts = p.parts
-    return str(Path(*parts[parts.index("results") :])) if "results" in parts else str(p)
 
 
 def main(argv: list[str] | None = None) -> None:
