@@ -177,3 +177,39 @@ def test_gpu_topk_matches_reference(D, causal, variant, q_perm):
         assert err <= tol, f"ratio {ratio}: rel err {err:.3e} > {tol:.3e}"
         assert torch.equal(st.extra["pass2_tiles"].cpu(), rst.extra["pass2_tiles"].cpu())
         assert 0 < st.sparsity == rst.sparsity
+
+
+@pytest.mark.parametrize("variant,q_perm", [("two_pass", True), ("fused", False)])
+@pytest.mark.parametrize("knob", [{"dense_tail": 128}, {"tail_rank": 128}, {"tail_rank": 300}],
+                         ids=["dense_tail128", "tail_rank128", "tail_rank300"])  # fmt: skip
+@pytest.mark.parametrize("L", [8192, 7000])
+def test_gpu_named_variants_match_reference(variant, q_perm, knob, L):
+    """The named variants (s2o/dense_tail.py, s2o/tail_rank.py) in bf16 on the GPU: the same
+    tiles per query tile as the fp32 reference and the output within 2x bf16 flash's error, at
+    taus whose decisions are unambiguous, L a multiple of the segment and not."""
+    S = 1024
+    q, k, v = _qkv(1, 4, 2, L, 128, seed=7, peak=1.5)
+    knobs = dict(segment_len=S, block_m=128, block_n=128, local_window=0, q_perm=q_perm, **knob)
+    perms = s2o_permutations(q, k, S, 0, True, knob.get("dense_tail", 0), knob.get("tail_rank", 0))
+    dense_ref, _ = s2o_reference(q, k, v, tau=0.0, perms=perms, **knobs)
+    tol = 2 * _rel(_sdpa(q, k, v, "FLASH_ATTENTION"), dense_ref) + 1e-4
+    decided = 0
+    for tau in (0.005, 0.01, 0.05, 0.2):  # only taus whose decisions do not move under +-1%
+        ref, rst = s2o_reference(q, k, v, tau=tau, perms=perms, **knobs)
+        want = rst.extra["pass2_tiles"]
+        if not all(
+            torch.equal(
+                s2o_reference(q, k, v, tau=t, perms=perms, **knobs)[1].extra["pass2_tiles"], want
+            )
+            for t in (tau * 0.99, tau * 1.01)
+        ):
+            continue
+        decided += 1
+        out = torch.full_like(q, float("nan"))
+        out, st = s2o_triton(q, k, v, variant=variant, out=out, perms=perms, tau=tau, **knobs)
+        assert not out.isnan().any(), f"tau={tau}: unwritten outputs"
+        err = _rel(out, ref)
+        assert err <= tol, f"tau={tau}: rel err {err:.3e} > {tol:.3e}"
+        assert torch.equal(st.extra["pass2_tiles"].cpu(), want.cpu())
+        assert torch.equal(st.tiles_processed.cpu(), rst.tiles_processed.cpu())
+    assert decided > 0, "no unambiguous tau: the early-stop path was not compared"
