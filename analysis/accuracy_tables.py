@@ -1,5 +1,5 @@
 """Accuracy tables (paper: InfiniteBench, RULER, LongBench v2) and the accuracy-vs-density figure
-from kind=accuracy records (reads records and their samples.jsonl only).
+from kind=accuracy records (reads records and their samples.jsonl or samples.jsonl.gz only).
 
     python analysis/accuracy_tables.py --root results/accuracy/ruler/gemma3_270m [--out T.md]
     python analysis/accuracy_tables.py results/accuracy/ruler/.../record.json [...] [--fig F.png]
@@ -50,6 +50,7 @@ from eval.significance import (
 )
 from eval.tasks.ruler.recipe import split as split_recipe
 from eval.tokenizers import faulty_tokenizer
+from experiments.records import sample_lines
 
 ORDER = ("full", "s2o", "flexprefill", "xattn", "pbs", "flashprefill")  # rows, series; others after
 MAIN_KNOB = {"s2o": "tau", "flexprefill": "gamma", "xattn": "threshold", "pbs": "threshold",
@@ -71,7 +72,7 @@ def load(path: Path) -> dict:
     rec = json.loads(Path(path).read_text())
     if rec.get("status") != "ok" or rec.get("kind") != "accuracy":
         raise SystemExit(f"{path}: not an ok kind=accuracy record ({rec.get('status')!r})")
-    lines = Path(path).with_name("samples.jsonl").read_text().splitlines()
+    lines = sample_lines(Path(path))
     rec["_path"], rec["_samples"] = str(path), {}
     for i, line in enumerate(lines):
         try:

@@ -35,6 +35,7 @@ import pandas as pd
 
 from analysis.records import device_label
 from analysis.tables import markdown
+from experiments.records import sample_lines
 
 TARGET = 1.25  # issue 34: per-sample time within 1.25x of (prefill + decode)
 FOLLOW_S = 3.0  # a job that starts this close to another's end (1 s time stamps) followed it
@@ -62,7 +63,7 @@ def load(path: Path) -> dict | None:
     if rec.get("status") != "ok" or rec.get("kind") != "accuracy":
         return None
     lines = []
-    for raw in Path(path).with_name("samples.jsonl").read_text().splitlines():
+    for raw in sample_lines(Path(path)):
         try:
             lines.append(json.loads(raw))
         except json.JSONDecodeError:  # the unterminated tail a kill left: not in the record

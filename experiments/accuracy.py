@@ -59,6 +59,7 @@ from eval.tasks.ruler.common import PromptFormat
 from s2o.hf import sparse_prefill
 
 from .common import ConfigError, JobContext, WandbLogger
+from .records import SAMPLES, unpack_samples
 from .records import accuracy_record_path as record_path  # tests/test_qwen.py calls this name
 
 
@@ -461,7 +462,8 @@ def resume_command(ctx: JobContext) -> str:
 
 
 def run(cfg, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:
-    samples_file = record_path(resolved).with_name("samples.jsonl")
+    unpack_samples(record_path(resolved))  # a packed record's samples resume like plain ones
+    samples_file = record_path(resolved).with_name(SAMPLES)
     try:
         m = evaluate(resolved, samples_file, logger=logger)
     except KeyboardInterrupt as e:  # one line instead of a traceback; the samples file stays

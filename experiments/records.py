@@ -13,10 +13,18 @@ run (reuse), and its atomic write with the provenance stamped in.
 - write: :func:`execute` runs a job's body and writes its record (status, config, identity,
   environment from :func:`experiments.provenance.environment`) with :func:`write_record`
   (atomic: a temporary file in the same folder, then rename).
+- samples: an accuracy record's per-sample lines (``samples.jsonl`` beside it) are read with
+  :func:`sample_lines`; :func:`pack_samples` gzips those of a finished record
+  (``samples.jsonl.gz``: evidence recall makes them ~19 KB a sample, and the working tree
+  travels to the GPU machine under a size limit), :func:`unpack_samples` undoes it.
+
+    python -m experiments.records pack results/accuracy/ruler/<model>/<method>/<id>/record.json ...
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -327,3 +335,91 @@ def execute(resolved: dict, path: Path, body: Callable[[], dict]) -> tuple[dict,
     record["elapsed_s"] = round(time.perf_counter() - t0, 3)
     write_record(path, record)
     return record, False
+
+
+# ---------------------------------------------------------------- samples
+
+SAMPLES = "samples.jsonl"
+
+
+def samples_file(record: Path) -> Path:
+    """The samples file beside ``record``: ``samples.jsonl``, else ``samples.jsonl.gz`` where
+    only that exists (a packed record)."""
+    plain = Path(record).with_name(SAMPLES)
+    packed = plain.with_name(SAMPLES + ".gz")
+    return packed if packed.exists() and not plain.exists() else plain
+
+
+def sample_lines(record: Path) -> list[str]:
+    """The lines of the samples file beside ``record`` (plain or packed)."""
+    path = samples_file(record)
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes()).decode().splitlines()
+    return path.read_text().splitlines()
+
+
+def pack_samples(record: Path, partial: bool = False) -> Path:
+    """Gzip the samples of a finished (status ok) record, byte-for-byte reproducible (no name or
+    time in the header); the plain file goes once the packed one reads back the same.
+    ``partial``: the samples of a run cut off before its record (none beside them), kept for a
+    resume at the same code revision (:func:`unpack_samples` restores them when it starts)."""
+    record = Path(record)
+    rec = read_record(record)
+    if partial:
+        if rec is not None:
+            raise ConfigError(f"{record}: the run has a record; pack it without --partial")
+    elif rec is None or rec.get("status") != "ok":
+        raise ConfigError(f"{record}: not an ok record; only a finished one's samples are packed")
+    plain = record.with_name(SAMPLES)
+    if not plain.exists():
+        raise ConfigError(f"{plain}: no such file (packed already?)")
+    data = plain.read_bytes()
+    packed = plain.with_name(SAMPLES + ".gz")
+    tmp = packed.with_name(f".{packed.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    if gzip.decompress(tmp.read_bytes()) != data:
+        tmp.unlink()
+        raise RuntimeError(f"{packed}: does not read back as {plain}")
+    os.replace(tmp, packed)
+    plain.unlink()
+    return packed
+
+
+def unpack_samples(record: Path) -> Path | None:
+    """Restore ``samples.jsonl`` from ``samples.jsonl.gz`` (a run that resumes or extends a packed
+    record appends to the plain file); None where there is nothing to unpack."""
+    plain = Path(record).with_name(SAMPLES)
+    packed = plain.with_name(SAMPLES + ".gz")
+    if plain.exists() or not packed.exists():
+        return None
+    tmp = plain.with_name(f".{plain.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(gzip.decompress(packed.read_bytes()))
+    os.replace(tmp, plain)
+    packed.unlink()
+    return plain
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m experiments.records", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("pack", "unpack"):
+        sp = sub.add_parser(name)
+        sp.add_argument("records", nargs="+", type=Path, help="record.json paths (the file may "
+                        "be absent with --partial: its folder's samples are packed)")  # fmt: skip
+        if name == "pack":
+            sp.add_argument("--partial", action="store_true",
+                            help="samples of a run cut off before its record")  # fmt: skip
+    a = ap.parse_args(argv)
+    for r in a.records:
+        if a.cmd == "pack":
+            before = r.with_name(SAMPLES).stat().st_size if r.with_name(SAMPLES).exists() else 0
+            out = pack_samples(r, partial=a.partial)
+            print(f"{out}: {before / 1e6:.1f} MB -> {out.stat().st_size / 1e6:.1f} MB")
+        else:
+            out = unpack_samples(r)
+            print(f"{r.with_name(SAMPLES)}: " + ("unpacked" if out else "nothing to unpack"))
+
+
+if __name__ == "__main__":
+    main()

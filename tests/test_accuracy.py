@@ -337,6 +337,36 @@ def test_ctrl_c_ends_the_job_in_one_line_and_the_rerun_resumes(
     assert record["metrics"]["resumed"] == 2 and record["metrics"]["n_samples"] == 4
 
 
+def test_a_packed_samples_file_resumes_like_a_plain_one(tmp_path, model_and_tokenizer, monkeypatch):
+    """A job whose samples were packed (experiments.records pack) unpacks them and runs only
+    the samples not in them."""
+    from harness_util import run_inprocess
+
+    from experiments import records
+
+    model, tok = model_and_tokenizer
+    monkeypatch.setattr(accuracy, "_load_once", lambda *a, **k: (model, tok))
+    results = tmp_path / "results"
+    first = run_inprocess(_job(tmp_path), results)
+    (path,) = results.glob("accuracy/ruler/smollm2_135m/full/*/record.json")
+    lines = path.with_name("samples.jsonl").read_text().splitlines()
+    path.with_name("samples.jsonl").write_text("\n".join(lines[:3]) + "\n")
+    records.pack_samples(path)
+    path.unlink()  # as if the job had been cut off after three samples
+    real, calls = accuracy.generate_one, []
+    monkeypatch.setattr(accuracy, "generate_one", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = run_inprocess(_job(tmp_path), results)
+    assert again["status"] == "ok" and len(calls) == 1 and again["metrics"]["resumed"] == 3
+    assert not path.with_name("samples.jsonl.gz").exists()
+
+    def keep(c):
+        return {k: c[k] for k in ("task", "length", "n", "accuracy", "density")}
+
+    assert [keep(c) for c in again["metrics"]["cells"]] == [
+        keep(c) for c in first["metrics"]["cells"]
+    ]
+
+
 def test_ctrl_c_while_loading_says_nothing_is_saved(tmp_path, monkeypatch, capsys):
     from harness_util import run_inprocess
 

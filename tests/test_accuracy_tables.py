@@ -222,3 +222,49 @@ def test_prefill_time_column_only_for_unshared_gpu_records(root):
     assert "prefill ms" not in at.tables(recs)
     del recs[0]["environment"]["gpu_processes"]  # an older record: sharing unknown
     assert "prefill ms" not in at.tables(recs)
+
+
+def test_a_packed_record_reads_the_same_and_unpacks_to_the_same_bytes(tmp_path):
+    """experiments.records pack: samples.jsonl.gz in place of samples.jsonl (a finished record
+    only), the same rows on the page, reproducible bytes, and unpack restores the file."""
+    from experiments import records
+
+    path = write(tmp_path, "s2o", {"tau": 0.01}, LOSSY, 0.2, vt=[0.5, 1.0] * 10)
+    plain = path.with_name("samples.jsonl")
+    before, rows = plain.read_bytes(), at.load(path)["_samples"]
+    packed = records.pack_samples(path)
+    assert packed.name == "samples.jsonl.gz" and not plain.exists()
+    assert len(packed.read_bytes()) < len(before)
+    assert at.load(path)["_samples"] == rows
+    assert records.sample_lines(path) == before.decode().splitlines()
+    with pytest.raises(records.ConfigError, match="no such file"):
+        records.pack_samples(path)  # packed already
+    assert records.unpack_samples(path) == plain and plain.read_bytes() == before
+    assert records.unpack_samples(path) is None  # nothing left to unpack
+    again = records.pack_samples(path).read_bytes()
+    records.unpack_samples(path)
+    assert records.pack_samples(path).read_bytes() == again  # no time or name in the gzip header
+
+
+def test_only_a_finished_record_is_packed(tmp_path):
+    from experiments import records
+
+    path = write(tmp_path, "full", {}, FULL, 1.0)
+    rec = json.loads(path.read_text())
+    write_record(path, {**rec, "status": "error"})
+    with pytest.raises(records.ConfigError, match="not an ok record"):
+        records.pack_samples(path)
+    assert path.with_name("samples.jsonl").exists()
+
+
+def test_partial_samples_pack_only_without_a_record(tmp_path):
+    """--partial: the samples of a cut-off run (no record) are packed; a run with a record is not
+    packed as partial."""
+    from experiments import records
+
+    path = write(tmp_path, "full", {}, FULL, 1.0)
+    with pytest.raises(records.ConfigError, match="has a record"):
+        records.pack_samples(path, partial=True)
+    path.unlink()
+    packed = records.pack_samples(path, partial=True)
+    assert len(records.sample_lines(path)) == N and packed.exists()
