@@ -31,7 +31,7 @@ from analysis.accuracy_tables import find, load
 from analysis.records import SCRATCH, rel_path
 from analysis.tables import markdown as _markdown
 from eval.evidence import MIN_MASS
-from eval.significance import adjust_p, mcnemar_exact
+from eval.significance import adjust_p, mcnemar_exact, sign_flip_test
 
 
 def markdown(head: list[str], rows: list[list]) -> str:
@@ -86,26 +86,30 @@ def _ids(rec: dict, task: str, length: int) -> dict[str, dict]:
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """One generated sentence per (task, length) and S2O record: what it answered, at which
-    density, against dense attention and FlexPrefill on the same samples (won/lost, exact McNemar,
-    Holm-adjusted over the page). The README quotes these lines, never its own numbers."""
+    """One generated sentence per (task, length) and S2O record, the pooled tasks of each length
+    first: what it answered, at which density, against dense attention, FlexPrefill and (for a
+    named variant) S2O's default on the same samples (won/lost; exact McNemar, or the sign-flip
+    test where scores are fractional; Holm-adjusted within the per-task or the pooled family).
+    The README quotes these lines, never its own numbers."""
     out = []
-    for r in rows:
-        if r["task"] == "all" or r["method"].split()[0] != "s2o":
+    for r in sorted(rows, key=lambda x: (x["task"] != "all", x["length"])):
+        if r["method"].split()[0] != "s2o":
             continue
         cell = [x for x in rows if x["task"] == r["task"] and x["length"] == r["length"]]
         parts = []
-        for ref, name in REFERENCES.items():
+        for ref, name in COMPARED.items():
             t, other = r.get(f"vs_{ref}"), next((x for x in cell if x["method"] == ref), None)
             if t and other:
                 dens = "" if other["density"] is None else f" at density {other['density']:.3f}"
                 parts.append(
-                    f"{name} {other['correct']:g}/{other['n']}{dens} (S2O won {t['n10']}, lost "
+                    f"{name} {other['correct']:g}/{other['n']}{dens} (won {t['n10']}, lost "
                     f"{t['n01']}; Holm p = {t['p_holm']:.2g})"
                 )
         dens = "-" if r["density"] is None else f"{r['density']:.3f}"
+        k = len({x["task"] for x in rows if x["length"] == r["length"]} - {"all"})
+        what = f"{k} task{'s' * (k != 1)} pooled" if r["task"] == "all" else r["task"]
         out.append(
-            f"{r['task']} at {r['length']} tokens: {r['method']} answered "
+            f"{what} at {r['length']} tokens: {r['method']} answered "
             f"{r['correct']:g}/{r['n']} at density {dens}"
             + ("; " + ", ".join(parts) if parts else "")
             + "."
@@ -135,18 +139,40 @@ def accuracy_rows(recs: dict[str, dict]) -> list[dict]:
                 row = {"length": length, "task": task, "method": lab, "n": len(ids),
                        "correct": sum(scores), "density": _mean(dens),
                        "recall": _mean(rec_ev)}  # fmt: skip
-                for ref in ("full", "flexprefill"):
-                    if ref in per and lab != ref and lab.split()[0] != ref:
+                for ref in COMPARED:
+                    if ref in per and _compares(lab, ref):
                         b = [float(per[ref][i]["score"]) for i in ids]
-                        if _binary(scores) and _binary(b):
-                            row[f"vs_{ref}"] = mcnemar_exact(scores, b)
+                        row[f"vs_{ref}"] = paired_test(scores, b)
                 rows.append(row)
-    family = [(i, ref) for i, r in enumerate(rows) for ref in ("full", "flexprefill")
-              if f"vs_{ref}" in r and r["task"] != "all"]  # fmt: skip
-    adj = adjust_p([rows[i][f"vs_{ref}"]["p_value"] for i, ref in family], "holm")
-    for (i, ref), p in zip(family, adj):
-        rows[i][f"vs_{ref}"]["p_holm"] = p
+    for pooled in (False, True):  # two families: the per-task rows, the pooled (`all`) rows
+        family = [(i, ref) for i, r in enumerate(rows) for ref in COMPARED
+                  if f"vs_{ref}" in r and (r["task"] == "all") == pooled]  # fmt: skip
+        adj = adjust_p([rows[i][f"vs_{ref}"]["p_value"] for i, ref in family], "holm")
+        for (i, ref), p in zip(family, adj):
+            rows[i][f"vs_{ref}"]["p_holm"] = p
     return rows
+
+
+TEST_NAME = {"mcnemar_exact": "exact McNemar", "sign_flip_exact": "sign-flip test",
+             "sign_flip_mc": "sign-flip test"}  # fmt: skip
+
+
+def _compares(lab: str, ref: str) -> bool:
+    """Whether row ``lab`` gets a test against ``ref``: dense and FlexPrefill for every other
+    method, S2O's default for S2O's named variants."""
+    if ref == "s2o":
+        return lab.startswith("s2o ")
+    return lab != ref and lab.split()[0] != ref
+
+
+def paired_test(a: list[float], b: list[float]) -> dict:
+    """Exact McNemar on 0/1 scores, else the sign-flip test (niah_multivalue scores the share of
+    values found; a pooled row mixes both); won/lost (``n10``/``n01``): samples where ``a``
+    scored above / below ``b``."""
+    if _binary(a) and _binary(b):
+        return mcnemar_exact(a, b)
+    t = sign_flip_test(a, b)
+    return {**t, "n10": sum(x > y for x, y in zip(a, b)), "n01": sum(x < y for x, y in zip(a, b))}
 
 
 def _recall(sample: dict) -> float | None:
@@ -170,23 +196,27 @@ def _p(c: dict | None, key: str) -> str:
     if not c or key not in c:
         return "-"
     p = c[key]
-    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
+    text = f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
+    # a Monte Carlo p at its floor (no resample as extreme) is a bound, not a value
+    return f"<={text}" if key == "p_value" and p <= c.get("resolution", 0) * (1 + 1e-9) else text
 
 
 def accuracy_table(rows: list[dict]) -> str:
     out = []
     for r in rows:
-        cf, cx = r.get("vs_full"), r.get("vs_flexprefill")
+        cf, cx, cs = r.get("vs_full"), r.get("vs_flexprefill"), r.get("vs_s2o")
         diff = lambda c: "-" if not c else f"{c['n10']}/{c['n01']}"
         out.append([
-            r["length"], r["task"], r["method"], f"{int(r['correct'])}/{r['n']}",
+            r["length"], r["task"], r["method"], f"{r['correct']:g}/{r['n']}",
             _f(r["density"], ".3f"), _f(r["recall"], ".3f"),
             diff(cf), _p(cf, "p_value"), _p(cf, "p_holm"),
             diff(cx), _p(cx, "p_value"), _p(cx, "p_holm"),
+            diff(cs), _p(cs, "p_holm"),
         ])  # fmt: skip
     head = ["length", "task", "method", "correct", "density", "evidence recall",
             "vs dense: won/lost", "p", "p (Holm)",
-            "vs FlexPrefill: won/lost", "p ", "p (Holm) "]  # fmt: skip
+            "vs FlexPrefill: won/lost", "p ", "p (Holm) ",
+            "vs S2O default: won/lost", "p (Holm)  "]  # fmt: skip
     return markdown(head, out)
 
 
@@ -238,6 +268,8 @@ def _median(xs) -> float | None:
 
 MIN_LOST = 5  # fewer lost samples than this: the page localizes nothing (medians of a few pairs)
 REFERENCES = {"full": "dense attention", "flexprefill": "FlexPrefill"}
+# a named S2O variant is also compared with S2O's default (the paper's method) on the same samples
+COMPARED = {**REFERENCES, "s2o": "S2O's default"}
 
 
 def localization(recs: dict[str, dict]) -> tuple[list[list], list[str]]:
@@ -355,8 +387,9 @@ def recall_vs_accuracy(rows: list[dict]) -> str:
                 out.append(
                     f"{r['task']} at {r['length']}: {lo['method']} answered "
                     f"{lo['correct']:g}/{lo['n']} at evidence recall {lo['recall']:.3f}, "
-                    f"{hi['method']} {hi['correct']:g}/{hi['n']} at {hi['recall']:.3f} (exact "
-                    f"McNemar, Holm p = {t['p_holm']:.2g}): the method that computed more of "
+                    f"{hi['method']} {hi['correct']:g}/{hi['n']} at {hi['recall']:.3f} "
+                    f"({TEST_NAME[t['test']]}, Holm p = {t['p_holm']:.2g}): the method that "
+                    "computed more of "
                     "the question's attention to the needles answered fewer, so evidence recall "
                     "of the question rows does not explain this difference."
                 )
@@ -442,11 +475,15 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
         "",
         "Generated by `python analysis/make_all.py` (or `python analysis/retrieval_diagnosis.py`) "
         "from the records below; every "
-        "number comes from them. Exact McNemar tests on the same samples (won/lost: samples "
-        "only this method / only the reference answered); p (Holm): adjusted over every test "
-        "of the per-task rows of this page. `all` rows pool the tasks of a length (not in the "
-        "family). Evidence recall: the share of the question's dense attention mass on the "
-        "asked needles that the method computed (`eval/evidence.py`), mean over samples.",
+        "number comes from them. Paired tests on the same samples: exact McNemar where both "
+        "methods' scores are 0/1, else the exact sign-flip test (niah_multivalue scores the "
+        "share of values found; Monte Carlo above 20 differing samples, p never below its "
+        "resolution); won/lost: samples where this method scored above / below the reference. "
+        "p (Holm): adjusted over every test of the per-task rows of this page; the `all` rows "
+        "(the tasks of a length pooled) are a second family, adjusted among themselves. A "
+        "named S2O variant is also tested against S2O's default. Evidence recall: the share "
+        "of the question's dense attention mass on the asked needles that the method computed "
+        "(`eval/evidence.py`), mean over samples.",
         "",
         "Records:",
         "",

@@ -423,7 +423,18 @@ def test_the_generated_diagnosis_refuses_to_explain_few_samples_and_flags_recall
     from analysis import retrieval_diagnosis as rd
 
     row = lambda n, walk, r_seg, r_q, rec="0.500": [  # noqa: E731
-        "s2o", 32768, "dense attention", "lost", n, 9, rec, walk, r_seg, r_q, "0.50"]
+        "s2o",
+        32768,
+        "dense attention",
+        "lost",
+        n,
+        9,
+        rec,
+        walk,
+        r_seg,
+        r_q,
+        "0.50",
+    ]
     few = rd.verdict([row(rd.MIN_LOST - 1, "0.300", "0.800", "0.010")])
     assert "Too few samples" in few and "Step 1's one ranking" not in few
     late = rd.verdict([row(rd.MIN_LOST, "0.300", "0.800", "0.010")])
@@ -433,9 +444,10 @@ def test_the_generated_diagnosis_refuses_to_explain_few_samples_and_flags_recall
     cell = dict(length=32768, task="niah_multikey_2", n=50)
     rows = [
         dict(cell, method="full", correct=22, recall=1.0,
-             vs_flexprefill=dict(n10=0, n01=12, p_value=4.9e-4, p_holm=0.002)),
+             vs_flexprefill=dict(test="mcnemar_exact", n10=0, n01=12, p_value=4.9e-4,
+                                p_holm=0.002)),
         dict(cell, method="flexprefill", correct=34, recall=0.939,
-             vs_full=dict(n10=12, n01=0, p_value=4.9e-4, p_holm=0.002)),
+             vs_full=dict(test="mcnemar_exact", n10=12, n01=0, p_value=4.9e-4, p_holm=0.002)),
     ]  # fmt: skip
     text = rd.recall_vs_accuracy(rows)
     assert text.count("does not explain") == 1 and "full 22/50 at 1.000" in text
@@ -454,10 +466,39 @@ def test_the_summary_line_is_generated_from_the_paired_tests():
              vs_flexprefill=dict(n10=1, n01=10, p_holm=0.0234)),
         dict(cell, method="flexprefill", correct=34, density=0.345, recall=0.9),
         dict(cell, task="all", method="s2o", correct=25, density=0.359, recall=0.8),
+        dict(cell, method="s2o dense_tail=128", correct=27, density=0.37, recall=1.0,
+             vs_s2o=dict(n10=3, n01=1, p_holm=1.0)),
     ]  # fmt: skip
-    (line,) = rd.summary(rows)
+    pooled, line, variant = rd.summary(rows)
+    assert pooled == "1 task pooled at 32768 tokens: s2o answered 25/50 at density 0.359."
     assert line == (
         "niah_multikey_2 at 32768 tokens: s2o answered 25/50 at density 0.359; dense attention "
-        "22/50 at density 1.000 (S2O won 5, lost 2; Holm p = 0.45), FlexPrefill 34/50 at density "
-        "0.345 (S2O won 1, lost 10; Holm p = 0.023)."
+        "22/50 at density 1.000 (won 5, lost 2; Holm p = 0.45), FlexPrefill 34/50 at density "
+        "0.345 (won 1, lost 10; Holm p = 0.023)."
     )
+    assert variant.endswith("S2O's default 25/50 at density 0.359 (won 3, lost 1; Holm p = 1).")
+
+
+def test_fractional_scores_get_the_sign_flip_test_and_pooled_rows_their_own_family():
+    """niah_multivalue's fractional scores: the exact sign-flip test (won/lost counted from the
+    differences); the pooled rows are Holm-adjusted among themselves, the per-task rows apart."""
+    from analysis import retrieval_diagnosis as rd
+    from eval.significance import sign_flip_test
+
+    a, b = [1.0, 0.5, 0.75, 1.0, 0.0] * 2, [0.5, 0.5, 0.25, 1.0, 0.0] * 2
+    t = rd.paired_test(a, b)
+    assert t["test"] == "sign_flip_exact" and (t["n10"], t["n01"]) == (4, 0)
+    assert t["p_value"] == sign_flip_test(a, b)["p_value"] == 0.125
+    assert rd.paired_test([1.0, 0.0], [0.0, 0.0])["test"] == "mcnemar_exact"
+
+    def rec(method, scores, task="niah_multivalue"):
+        one = dict(task=task, length=16384, density=0.5)
+        samples = {f"t/{i}": dict(one, id=f"t/{i}", score=x) for i, x in enumerate(scores)}
+        return {"_samples": samples, "metrics": {"method": method, "knobs": {}}}
+
+    recs = {"full": rec("full", b), "s2o": rec("s2o", a)}
+    rows = {(r["task"], r["method"]): r for r in rd.accuracy_rows(recs)}
+    per, pooled = rows[("niah_multivalue", "s2o")], rows[("all", "s2o")]
+    # one test in each family: Holm leaves each p as it is
+    assert per["vs_full"]["p_holm"] == per["vs_full"]["p_value"] == 0.125
+    assert pooled["vs_full"]["p_holm"] == pooled["vs_full"]["p_value"] == 0.125
