@@ -587,6 +587,9 @@ def section(ctx):
         if not any(lab.startswith(f"s2o {variant}") for lab in recs):
             sec.missing_line(f"the named variant s2o {variant}=128 on the same samples",
                              GPU_COMMAND)  # fmt: skip
+    if "flashprefill" not in recs:
+        sec.missing_line("FlashPrefill (alpha 0.08, the official Qwen2 value) on the same samples",
+                         GPU_COMMAND)  # fmt: skip
     return sec
 
 

@@ -50,11 +50,34 @@ def test_make_all_rebuilds_the_committed_page_and_is_deterministic(built, monkey
     produced = {s.slug for s in sections if s.files}
     # every section whose records are pinned produces its files (a record the section cannot
     # read turns it into a "missing records" line, as a Wilson bound of 3e-15 below 0 once did)
-    expected = {"fig1", "fig2", "fig4a", "fig4b", "fig4c", "ablations", "accuracy", "fig5",
-                "calibration"}
+    expected = {
+        "fig1",
+        "fig2",
+        "fig4a",
+        "fig4b",
+        "fig4c",
+        "ablations",
+        "accuracy",
+        "fig5",
+        "calibration",
+    }
     assert expected <= produced, sorted(expected - produced)
     for slug in ("abcd", "retrieval"):
         assert any(s.slug == slug and s.sources for s in sections), slug
+
+
+def test_the_readme_quotes_generated_lines_verbatim(built, monkeypatch):
+    """Every summary line the README quotes ("> ... tokens: ...") is a line of the page make_all
+    generates from the pinned records, so a new record cannot leave a stale quote behind."""
+    monkeypatch.chdir(built)
+    make_all.main(["--results", "results"])
+    pages = "\n".join(p.read_text() for p in (built / "results" / "figures").glob("*.md"))
+    generated = {line[2:] for line in pages.splitlines() if line.startswith("- ")}
+    quoted = [line[2:] for line in (ROOT / "README.md").read_text().splitlines()
+              if line.startswith("> ") and " tokens: " in line]  # fmt: skip
+    assert quoted, "the README quotes no generated line"
+    stale = [q for q in quoted if q not in generated]
+    assert not stale, f"README quotes lines no page generates (rerun make_all, requote): {stale}"
 
 
 def test_differs_notes_name_the_input_the_pinned_records_ran_on(tmp_path, monkeypatch):
