@@ -32,7 +32,7 @@ from experiments.common import (
     resolved_config,
 )
 from experiments.provenance import code_revision, jobs_per_gpu
-from experiments.records import execute, record_path, reusable
+from experiments.records import compute, record_path, reusable
 
 KINDS = ("operator", "sweep", "matched", "e2e", "accuracy")
 
@@ -204,7 +204,7 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
         return {"status": "ok", "skipped": True, "path": str(path), "stale": done.get("stale")}
     kind = importlib.import_module(f"experiments.{resolved['kind']}")
     logger = WandbLogger(resolved["wandb"], resolved, name=f"{resolved['name']}-{path.parent.name}")
-    record, _ = execute(resolved, path, lambda: kind.run(cfg, resolved, ctx, logger))
+    record = compute(resolved, path, lambda: kind.run(cfg, resolved, ctx, logger))
     logger.finish(exit_code=0 if record["status"] == "ok" else 1)
     if record["status"] != "ok":
         print(f"error: {record['error']} (traceback in the record)", file=sys.stderr)

@@ -9,7 +9,8 @@ run (reuse), and its atomic write with the provenance stamped in.
   ``results/runs/<method>/<id>/`` for an operator point, ``results/experiments/<name>/<id>/`` for
   a sweep or matched run, ``results/e2e/<model>/<method>/<id>/``,
   ``results/accuracy/<benchmark>/<model>/<method>/<id>/``.
-- reuse: :func:`reusable` (``skip_done``, ``reuse_stale``).
+- reuse: :func:`reusable` (``skip_done``, ``reuse_stale``), asked once per job: by
+  :func:`execute`, or by ``run.py`` before it calls :func:`compute`.
 - write: :func:`execute` runs a job's body and writes its record (status, config, identity,
   environment from :func:`experiments.provenance.environment`) with :func:`write_record`
   (atomic: a temporary file in the same folder, then rename).
@@ -298,15 +299,22 @@ def write_record(path: Path, record: dict) -> None:
 
 
 def execute(resolved: dict, path: Path, body: Callable[[], dict]) -> tuple[dict, bool]:
-    """Run ``body`` unless an ok record may stand for it (:func:`reusable`); always leave a record.
-
-    Returns ``(record, skipped)``. An exception in ``body`` becomes a record with status
-    ``error`` and the traceback; it is not re-raised (the caller decides the exit code). A metric
-    that is NaN or Inf makes the status ``error`` too. A record tracked by git is never replaced.
-    """
+    """Run ``body`` unless an ok record may stand for it (:func:`reusable`, decided here once);
+    always leave a record. Returns ``(record, skipped)``; see :func:`compute` for the rest."""
     done, _ = reusable(resolved, path)
     if done is not None:
         return done, True
+    return compute(resolved, path, body), False
+
+
+def compute(resolved: dict, path: Path, body: Callable[[], dict]) -> dict:
+    """Run ``body`` and write its record, for a caller that has decided reuse already
+    (:func:`execute` or ``run.py``'s ``run_job``, which reports a skip before it opens a logger).
+
+    An exception in ``body`` becomes a record with status ``error`` and the traceback; it is not
+    re-raised (the caller decides the exit code). A metric that is NaN or Inf makes the status
+    ``error`` too. A record tracked by git is never replaced.
+    """
     if path.exists() and is_tracked(path):
         raise ConfigError(
             f"{path} is a committed record: refusing to replace it; pass results_dir=<another "
@@ -334,7 +342,7 @@ def execute(resolved: dict, path: Path, body: Callable[[], dict]) -> tuple[dict,
         record["traceback"] = traceback.format_exc()
     record["elapsed_s"] = round(time.perf_counter() - t0, 3)
     write_record(path, record)
-    return record, False
+    return record
 
 
 # ---------------------------------------------------------------- samples

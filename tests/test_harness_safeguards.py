@@ -345,3 +345,23 @@ def test_records_name_the_code_revision_with_its_dirty_marker():
 
     assert environment("cpu", None)["git_revision"] == code_revision(None)
     assert environment("cpu", "abc1234")["git_revision"] == "abc1234"
+
+
+def test_reuse_is_decided_once_per_job(tmp_path, monkeypatch):
+    """run.py asks experiments.records.reusable once for a top-level job (then computes through
+    records.compute), and once again only when the rerun finds the record."""
+    import run
+    from experiments import records
+
+    asked, real = [], records.reusable
+
+    def counting(resolved, path):
+        asked.append(path)
+        return real(resolved, path)
+
+    monkeypatch.setattr(run, "reusable", counting)
+    monkeypatch.setattr(records, "reusable", counting)
+    assert run_inprocess(TINY, tmp_path)["status"] == "ok"
+    assert len(asked) == 1
+    assert run_inprocess(TINY, tmp_path).get("skipped")
+    assert len(asked) == 2
