@@ -67,17 +67,19 @@ def test_make_all_rebuilds_the_committed_page_and_is_deterministic(built, monkey
 
 
 def test_the_readme_quotes_generated_lines_verbatim(built, monkeypatch):
-    """Every summary line the README quotes ("> ... tokens: ...") is a line of the page make_all
-    generates from the pinned records, so a new record cannot leave a stale quote behind."""
+    """Every summary line the README or a page of docs/ quotes ("> ... tokens: ...") is a line of
+    the pages make_all generates from the pinned records, so a new record cannot leave a stale
+    quote behind."""
     monkeypatch.chdir(built)
     make_all.main(["--results", "results"])
     pages = "\n".join(p.read_text() for p in (built / "results" / "figures").glob("*.md"))
     generated = {line[2:] for line in pages.splitlines() if line.startswith("- ")}
-    quoted = [line[2:] for line in (ROOT / "README.md").read_text().splitlines()
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    quoted = [line[2:] for doc in docs for line in doc.read_text().splitlines()
               if line.startswith("> ") and " tokens: " in line]  # fmt: skip
-    assert quoted, "the README quotes no generated line"
+    assert quoted, "neither the README nor docs/ quotes a generated line"
     stale = [q for q in quoted if q not in generated]
-    assert not stale, f"README quotes lines no page generates (rerun make_all, requote): {stale}"
+    assert not stale, f"README or docs/ quote lines no page generates (rerun make_all): {stale}"
 
 
 def test_differs_notes_name_the_input_the_pinned_records_ran_on(tmp_path, monkeypatch):
