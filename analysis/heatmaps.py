@@ -1,4 +1,5 @@
-"""Paper Fig. 2 and the appendix heatmaps, from attention-map records (``eval/attention_maps.py``).
+"""Paper Fig. 2 and the appendix heatmaps, from attention-map records
+(``experiments/attention_maps.py``).
 
     python analysis/heatmaps.py results/captures/heatmaps_smollm2_135m_L4096.json [--out FILE]
 
@@ -101,7 +102,7 @@ def section(ctx) -> Section:
     if not found:
         sec.missing_line(
             "attention-map records (records.heatmaps)",
-            "`python -m eval.attention_maps --model smollm2_135m --L 4096 --layers "
+            "`python -m experiments.attention_maps --model smollm2_135m --L 4096 --layers "
             "0 15 29 --heads 0 4 --S 1024 --out results/captures/heatmaps_smollm2_"
             "135m_L4096` (CPU, about 2 minutes)",
         )

@@ -297,7 +297,7 @@ def ttft(ctx: Ctx) -> Section:
     if not recs:
         sec.missing_line(
             "kind=e2e records of qwen25_coder_1p5b (records.ttft.qwen25_coder_1p5b: a list)",
-            f"{TTFT_COMMAND} (GPU; README, Time to first token)",
+            f"{TTFT_COMMAND} (GPU; docs/models.md, Time to first token)",
         )
         return sec
     labels = {r["label"].split("_")[0] for rec in recs for r in rec["metrics"]["rows"]}

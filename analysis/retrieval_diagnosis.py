@@ -90,7 +90,7 @@ def summary(rows: list[dict]) -> list[str]:
     first: what it answered, at which density, against dense attention, FlexPrefill and (for a
     named variant) S2O's default on the same samples (won/lost; exact McNemar, or the sign-flip
     test where scores are fractional; Holm-adjusted within the per-task or the pooled family).
-    The README quotes these lines, never its own numbers."""
+    README.md and docs/accuracy.md quote these lines, never their own numbers."""
     out = []
     for r in sorted(rows, key=lambda x: (x["task"] != "all", x["length"])):
         if r["method"].split()[0] != "s2o":

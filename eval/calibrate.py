@@ -354,7 +354,7 @@ def write_conf(path: Path, knobs: dict, meta: dict) -> None:
 
 
 def real_stats(model: str, L: int, layers: list[int] | None) -> tuple[list[dict], dict, int]:
-    from .attention_maps import model_input
+    from .data import model_input
 
     data, info = model_input(model, L, layers)
     per_head, D = [], None

@@ -146,3 +146,18 @@ def cached_synthetic(
     torch.save({"q": q, "k": k, "v": v}, tmp)
     os.replace(tmp, path)
     return (q, k, v), path, False
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def model_input(model: str, L: int, layers: list[int]) -> tuple[list, dict]:
+    """Post-RoPE Q/K/V of ``layers`` of a model config (data=model, the essays), fp32, CPU."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/data/model.yaml"), resolve=True)
+    model_cfg = OmegaConf.load(ROOT / f"conf/model/{model}.yaml")
+    model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
+    data.update(L=L, layers=layers)
+    out, info = load_layers(data, model_cfg, torch.device("cpu"), torch.float32)
+    return out, {"model": model, "text": data["text"], "L": L, "layers": layers, **info}

@@ -119,3 +119,27 @@ def test_packages_need_no_sys_path_edits():
         assert f"{pkg}*" in include, f"{pkg} is not packaged"
         for f in (ROOT / pkg).rglob("*.py"):
             assert "sys.path.insert" not in f.read_text(), f"{f} patches sys.path"
+
+
+# Layers (docs/architecture.md): a package imports only the ones below it. eval (data and scoring)
+# sits under experiments and beside s2o; s2o (the library) imports no harness package.
+FORBIDDEN = {
+    "eval": ("s2o", "experiments", "analysis", "benchmarks", "run"),
+    "s2o": ("eval", "experiments", "analysis", "benchmarks", "run"),
+}
+
+
+def test_no_upward_imports():
+    bad = []
+    for pkg, forbidden in FORBIDDEN.items():
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                bad += [f"{f.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                        if n.split(".")[0] in forbidden]  # fmt: skip
+    assert not bad, bad

@@ -1,6 +1,6 @@
 """Attention heatmaps under the permutations of the paper's Fig. 2 and appendix, as a small record.
 
-    PYTHONPATH=. S2O_CACHE=cache python -m eval.attention_maps --model smollm2_135m --L 4096 \
+    S2O_CACHE=cache python -m experiments.attention_maps --model smollm2_135m --L 4096 \
         --layers 15 --heads 0 4 --S 1024 --out results/captures/heatmaps_smollm2_135m_L4096
 
 For each (input, layer, query head) it computes the causal softmax ``A [L, L]`` (fp32, the
@@ -19,7 +19,7 @@ uint8 (``-8..0`` in 255 steps; 255 = masked), and the number that the picture sh
 ranked prefixes (what Pass-2 walks), the fraction of ``tile x tile`` tiles that hold 90% / 99% of
 their attention mass, and the share of all attention mass that lies in the prefixes.
 Nothing else of the tensors is stored (each file well under 1 MB). Inputs: a model's post-RoPE Q/K
-(``eval.data.load_layers``, data=model: Paul Graham's essays, truncated to ``L`` tokens) or the
+(``eval.data.model_input``, data=model: Paul Graham's essays, truncated to ``L`` tokens) or the
 synthetic generator (``--synthetic``, a ``conf/data/*.yaml`` file).
 """
 
@@ -28,15 +28,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from eval.data import model_input
 from s2o.methods.pbs import key_permutation
 from s2o.reference import s2o_permutations, segment_ranges
+
+from .provenance import git_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 VIEWS = ("original", "pbs", "s2o_no_qperm", "s2o")
@@ -128,25 +130,11 @@ def maps_for_head(q, k, head: int, S: int, pixels: int, tile: int) -> dict:
     return out, prefix / a.shape[0]
 
 
-def model_input(model: str, L: int, layers: list[int]) -> tuple[list, dict]:
-    """Post-RoPE Q/K/V of ``layers`` of a model config (data=model, the essays), fp32, CPU."""
-    from omegaconf import OmegaConf
-
-    from .data import load_layers
-
-    data = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/data/model.yaml"), resolve=True)
-    model_cfg = OmegaConf.load(ROOT / f"conf/model/{model}.yaml")
-    model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
-    data.update(L=L, layers=layers)
-    out, info = load_layers(data, model_cfg, torch.device("cpu"), torch.float32)
-    return out, {"model": model, "text": data["text"], "L": L, "layers": layers, **info}
-
-
 def synthetic_input(data_file: str, L: int, heads: tuple[int, int, int] | None):
     """Synthetic Q/K/V of a ``conf/data/*.yaml`` file (its ``seed: ${seed}`` resolved to 0)."""
     from omegaconf import OmegaConf
 
-    from .synthetic import spec_from_cfg, synthetic_qkv
+    from eval.synthetic import spec_from_cfg, synthetic_qkv
 
     cfg = OmegaConf.load(ROOT / data_file)
     cfg = OmegaConf.to_container(OmegaConf.merge({"seed": 0}, {"d": cfg}), resolve=True)["d"]
@@ -157,13 +145,6 @@ def synthetic_input(data_file: str, L: int, heads: tuple[int, int, int] | None):
     q, k, v = synthetic_qkv(spec)
     info = {"synthetic": data_file, "L": L, "spec": {k_: v_ for k_, v_ in cfg.items()}}
     return [(0, q, k, v)], info
-
-
-def _git_rev() -> str | None:
-    r = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    )
-    return r.stdout.strip() or None
 
 
 def write_record(out: Path, entries: list[dict], meta: dict) -> None:
@@ -219,8 +200,8 @@ def main(argv: list[str] | None = None) -> None:
         "tile": args.tile,
         "pbs": {"block_size": 128, "segment_size": 256},
         "log10_range": [LOG_MIN, 0.0],
-        "command": "python -m eval.attention_maps " + " ".join(argv or sys.argv[1:]),
-        "git_revision": _git_rev(),
+        "command": "python -m experiments.attention_maps " + " ".join(argv or sys.argv[1:]),
+        "git_revision": git_revision(None),
     }
     write_record(args.out, entries, meta)
     print(args.out.with_suffix(".json"))
