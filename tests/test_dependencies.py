@@ -69,21 +69,25 @@ def _sources() -> list[Path]:
     return files
 
 
+def _imported(f: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every absolute import in ``f`` (module level or inside functions)."""
+    out = []
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
 def _imports() -> dict[str, set[str]]:
     """Top-level third-party module -> files that import it (module level or inside functions)."""
     found: dict[str, set[str]] = {}
     for f in _sources():
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for n in names:
-                top = n.split(".")[0]
-                if top not in sys.stdlib_module_names and top not in LOCAL:
-                    found.setdefault(top, set()).add(str(f.relative_to(ROOT)))
+        for _, n in _imported(f):
+            top = n.split(".")[0]
+            if top not in sys.stdlib_module_names and top not in LOCAL:
+                found.setdefault(top, set()).add(str(f.relative_to(ROOT)))
     return found
 
 
@@ -133,13 +137,6 @@ def test_no_upward_imports():
     bad = []
     for pkg, forbidden in FORBIDDEN.items():
         for f in sorted((ROOT / pkg).rglob("*.py")):
-            for node in ast.walk(ast.parse(f.read_text())):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
-                bad += [f"{f.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
-                        if n.split(".")[0] in forbidden]  # fmt: skip
+            bad += [f"{f.relative_to(ROOT)}:{line} imports {n}" for line, n in _imported(f)
+                    if n.split(".")[0] in forbidden]  # fmt: skip
     assert not bad, bad
