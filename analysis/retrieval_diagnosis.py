@@ -530,7 +530,16 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
         "paper's method (s2o/dense_tail.py, s2o/tail_rank.py).",
     ]
     if fig is not None:
-        parts += ["", f"![evidence recall per layer and head]({fig.name})"]
+        parts += [
+            "",
+            f"![evidence recall per layer and head]({fig.name})",
+            "",
+            "Per (layer, head): the mean over samples of that head's evidence recall, each head "
+            "counted alike (heads whose question rows put less than "
+            f"{MIN_MASS:g} of their mass on the needles are left out). The recall column above "
+            "weights heads by their evidence mass instead, so a method can keep most of the mass "
+            "while many light heads show low recall here.",
+        ]
     return "\n".join(parts) + "\n"
 
 
