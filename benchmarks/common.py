@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -142,20 +141,20 @@ class Recorder:
         import torch
 
         from experiments.provenance import code_revision, environment, is_tracked
+        from experiments.records import benchmark_id, benchmark_record_path
 
         self.t0 = time.perf_counter()
         self.config = {**self.config, "shape": asdict(self.shape)}
         env = environment(torch.device(self.shape.device), self.rev)
         code = code_revision(self.rev)
-        ident = {"config": self.config, "code": code, "device_model": env["device_name"]}
-        digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+        digest = benchmark_id(self.config, code, env["device_name"])
         self.record = {
             "status": "partial", "id": digest, "kind": "benchmark", "benchmark": self.benchmark,
             "command": self.command, "config": self.config,
             "identity": {"code": code, "device_model": env["device_name"], "id": digest},
             "environment": env, "metrics": self.metrics,
         }  # fmt: skip
-        self.path = Path(self.out) / self.benchmark / digest / "record.json"
+        self.path = benchmark_record_path(self.out, self.benchmark, digest)
         if self.path.exists() and is_tracked(self.path):
             raise SystemExit(f"{self.path} is a committed record: pass --out <another folder>")
         if self.path.exists():  # same config, code and GPU model: this run replaces it
@@ -165,11 +164,10 @@ class Recorder:
         """Write the record atomically; ``done`` marks it ``ok``."""
         if done:
             self.record["status"] = "ok"
+        from experiments.records import write_record
+
         self.record["elapsed_s"] = round(time.perf_counter() - self.t0, 3)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.record, indent=1, default=str) + "\n")
-        os.replace(tmp, self.path)
+        write_record(self.path, self.record)
         return self.path
 
 

@@ -4,7 +4,6 @@ path, reuse and write live in :mod:`experiments.records`."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,12 +11,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from .errors import ConfigError as ConfigError
+from .errors import non_finite as non_finite
+
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class ConfigError(ValueError):
-    """A bad command line or config value; run.py reports it in one line that names the key."""
 
 
 @dataclass
@@ -178,22 +176,6 @@ def check_memory(resolved: dict) -> None:
             f"{have / 2**30:.0f} GiB are available: run it on a GPU (device=cuda) or at a tiny "
             "size (dry_run=true, or a smaller data.L)"
         )
-
-
-def non_finite(metrics: object, prefix: str = "") -> list[str]:
-    """Dotted names of every NaN/Inf float in a metrics tree (a NaN metric is never ``ok``)."""
-    if isinstance(metrics, float):
-        return [] if math.isfinite(metrics) else [f"{prefix}={metrics}"]
-    if isinstance(metrics, dict):
-        items = metrics.items()
-    elif isinstance(metrics, list):
-        items = ((str(i), v) for i, v in enumerate(metrics))
-    else:
-        return []
-    out = []
-    for key, value in items:
-        out += non_finite(value, f"{prefix}.{key}" if prefix else str(key))
-    return out
 
 
 class WandbLogger:

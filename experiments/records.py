@@ -38,7 +38,7 @@ import torch
 
 from eval import files
 
-from .common import ConfigError, non_finite
+from .errors import ConfigError, non_finite
 from .provenance import code_revision, environment, is_tracked
 
 # Keys that do not change what is computed: left out of a run's identity (its hash). The code
@@ -180,6 +180,13 @@ def run_identity(resolved: dict, drop: tuple[str, ...]) -> dict:
     return out
 
 
+def benchmark_id(config: dict, code: str, device_model: str) -> str:
+    """A kernel benchmark's id (``benchmarks/common.py`` ``Recorder``): the hash of its config,
+    the code revision and the GPU model (committed ids under ``results/benchmarks/`` follow it)."""
+    ident = {"config": config, "code": code, "device_model": device_model}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def _drop_for(resolved: dict) -> tuple[str, ...]:
     """The keys left out of the identity of a record of this kind (as its path function does)."""
     kind = resolved["kind"]
@@ -233,6 +240,11 @@ def accuracy_record_path(resolved: dict) -> Path:
 PATHS = {
     "operator": point_record_path, "e2e": e2e_record_path, "accuracy": accuracy_record_path
 }  # fmt: skip
+
+
+def benchmark_record_path(out: Path, benchmark: str, rid: str) -> Path:
+    """``<out>/<benchmark>/<id>/record.json`` (``--out results/benchmarks``)."""
+    return Path(out) / benchmark / rid / "record.json"
 
 
 def record_path(resolved: dict) -> Path:

@@ -56,3 +56,22 @@ def test_a_committed_record_id_follows_from_the_record(path):
         f"{path}: config_id {idn['config_id']} is not the hash of the stored config without "
         f"the drop table of kind={cfg.get('kind')}"
     )
+
+
+BENCHMARKS = sorted((RESULTS / "benchmarks").glob("*/*/record.json"))
+
+
+def test_there_are_benchmark_records():
+    assert len(BENCHMARKS) >= 5, BENCHMARKS
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_a_benchmark_record_id_is_its_hash(path):
+    """A kernel benchmark's folder is its id, and the id is records.benchmark_id of its stored
+    config, code revision and GPU model (what benchmarks/common.py's Recorder computes)."""
+    rec = json.loads(path.read_text())
+    idn = rec["identity"]
+    assert rec["id"] == idn["id"] == path.parent.name
+    assert path.parent.parent.name == rec["benchmark"]
+    assert common.benchmark_id(rec["config"], idn["code"], idn["device_model"]) == rec["id"]
+    assert common.benchmark_record_path(RESULTS / "benchmarks", rec["benchmark"], rec["id"]) == path
