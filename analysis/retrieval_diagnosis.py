@@ -31,7 +31,7 @@ from analysis.accuracy_tables import find, load
 from analysis.records import SCRATCH, rel_path
 from analysis.tables import markdown as _markdown
 from eval.evidence import MIN_MASS
-from eval.significance import adjust_p, mcnemar_exact, sign_flip_test
+from eval.significance import adjust_p, paired_test
 
 
 def markdown(head: list[str], rows: list[list]) -> str:
@@ -168,22 +168,8 @@ def _compares(lab: str, ref: str) -> bool:
     return lab != ref and lab.split()[0] != ref
 
 
-def paired_test(a: list[float], b: list[float]) -> dict:
-    """Exact McNemar on 0/1 scores, else the sign-flip test (niah_multivalue scores the share of
-    values found; a pooled row mixes both); won/lost (``n10``/``n01``): samples where ``a``
-    scored above / below ``b``."""
-    if _binary(a) and _binary(b):
-        return mcnemar_exact(a, b)
-    t = sign_flip_test(a, b)
-    return {**t, "n10": sum(x > y for x, y in zip(a, b)), "n01": sum(x < y for x, y in zip(a, b))}
-
-
 def _recall(sample: dict) -> float | None:
     return (sample.get("evidence") or {}).get("evidence_recall")
-
-
-def _binary(xs) -> bool:
-    return all(x in (0.0, 1.0) for x in xs)
 
 
 def _mean(xs) -> float | None:

@@ -304,13 +304,21 @@ def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 
     return {"interval": method, "lo": lo, "hi": hi, "confidence": confidence}
 
 
+def paired_test(a: Sequence[float], b: Sequence[float], seed: int = 0) -> dict:
+    """The paired test of ``mean(a) - mean(b)``: McNemar's exact test when both score lists are
+    0/1, the sign-flip test otherwise (``p_value``, ``resolution``: 0 when exact); ``n10`` /
+    ``n01``: samples where ``a`` scored above / below ``b``."""
+    if is_binary(a) and is_binary(b):
+        return {**mcnemar_exact(a, b), "resolution": 0.0}
+    t = sign_flip_test(a, b, seed=seed)
+    return {**t, "n10": sum(x > y for x, y in zip(a, b)), "n01": sum(x < y for x, y in zip(a, b))}
+
+
 def compare_paired(a: Sequence[float], b: Sequence[float], seed: int = 0) -> dict:
-    """``mean(a) - mean(b)`` on paired samples: McNemar's exact test when both score lists are
-    0/1, the sign-flip test otherwise (``p_value``, ``resolution``: 0 when exact); a 95% paired
-    interval of the difference (``lo``, ``hi``, ``interval``: ``paired_interval``); ``mdd``, the
-    minimum detectable difference at this n (``min_detectable_difference``)."""
-    test = mcnemar_exact(a, b) if is_binary(a) and is_binary(b) else sign_flip_test(a, b, seed=seed)
-    test.setdefault("resolution", 0.0)
+    """``mean(a) - mean(b)`` on paired samples: :func:`paired_test`; a 95% paired interval of
+    the difference (``lo``, ``hi``, ``interval``: ``paired_interval``); ``mdd``, the minimum
+    detectable difference at this n (``min_detectable_difference``)."""
+    test = paired_test(a, b, seed=seed)
     ci = paired_interval(a, b)
     return {**test, "lo": ci["lo"], "hi": ci["hi"], "interval": ci["interval"],
             "mdd": min_detectable_difference(a, b)}  # fmt: skip

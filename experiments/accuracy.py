@@ -462,8 +462,9 @@ def resume_command(ctx: JobContext) -> str:
 
 
 def run(cfg, resolved: dict, ctx: JobContext, logger: WandbLogger) -> dict:
-    unpack_samples(record_path(resolved))  # a packed record's samples resume like plain ones
-    samples_file = record_path(resolved).with_name(SAMPLES)
+    path = record_path(resolved)
+    unpack_samples(path)  # a packed record's samples resume like plain ones
+    samples_file = path.with_name(SAMPLES)
     try:
         m = evaluate(resolved, samples_file, logger=logger)
     except KeyboardInterrupt as e:  # one line instead of a traceback; the samples file stays

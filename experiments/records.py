@@ -431,6 +431,13 @@ def main(argv: list[str] | None = None) -> None:
             sp.add_argument("--partial", action="store_true",
                             help="samples of a run cut off before its record")  # fmt: skip
     a = ap.parse_args(argv)
+    try:
+        _each(a)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def _each(a: argparse.Namespace) -> None:
     for r in a.records:
         if a.cmd == "pack":
             before = r.with_name(SAMPLES).stat().st_size if r.with_name(SAMPLES).exists() else 0

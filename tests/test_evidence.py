@@ -483,13 +483,13 @@ def test_fractional_scores_get_the_sign_flip_test_and_pooled_rows_their_own_fami
     """niah_multivalue's fractional scores: the exact sign-flip test (won/lost counted from the
     differences); the pooled rows are Holm-adjusted among themselves, the per-task rows apart."""
     from analysis import retrieval_diagnosis as rd
-    from eval.significance import sign_flip_test
+    from eval.significance import paired_test, sign_flip_test
 
     a, b = [1.0, 0.5, 0.75, 1.0, 0.0] * 2, [0.5, 0.5, 0.25, 1.0, 0.0] * 2
-    t = rd.paired_test(a, b)
+    t = paired_test(a, b)
     assert t["test"] == "sign_flip_exact" and (t["n10"], t["n01"]) == (4, 0)
     assert t["p_value"] == sign_flip_test(a, b)["p_value"] == 0.125
-    assert rd.paired_test([1.0, 0.0], [0.0, 0.0])["test"] == "mcnemar_exact"
+    assert paired_test([1.0, 0.0], [0.0, 0.0])["test"] == "mcnemar_exact"
 
     def rec(method, scores, task="niah_multivalue"):
         one = dict(task=task, length=16384, density=0.5)
