@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -480,7 +481,7 @@ def _save(tok, folder: Path, meta: dict) -> None:
     (transformers 5.17's saved Gemma tokenizer reloads character-level)."""
     from transformers import AutoTokenizer
 
-    tmp = folder.with_name(folder.name + f".tmp{id(tok)}")
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tok.save_pretrained(tmp)
     bad = mismatches(AutoTokenizer.from_pretrained(tmp), meta["expected"])
@@ -491,7 +492,10 @@ def _save(tok, folder: Path, meta: dict) -> None:
         return
     (tmp / "verified.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
     shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process (jobs sharing a GPU) saved the same verified folder first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- the committed tables ----------------------------------------------------------------------
