@@ -17,7 +17,7 @@ import triton.language as tl
 from .launch import check_head_dim
 
 LOG2E = 1.4426950408889634
-NORM_EPS = 1e-9  # the official normalize_scores' denominator guard
+NORM_EPS = tl.constexpr(1e-9)  # the official normalize_scores' denominator guard (a kernel reads only constexpr globals)
 
 
 @triton.jit
