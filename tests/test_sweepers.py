@@ -49,7 +49,8 @@ def test_points_must_be_strings_and_parse():
      ("accuracy_gemma3_passkey_32k", 5 + 1 + 16 + 3 + 2 + 2 + 2),
      ("accuracy_gemma3_ruler", 5 + 1 + 12 + 2 + 2 + 2 + 2),
      ("accuracy_paper_ruler", 6), ("accuracy_paper_infinitebench", 6),
-     ("accuracy_paper_longbench_v2", 6), ("accuracy_retrieval_qwen_niah", 4 + 2)],
+     ("accuracy_paper_longbench_v2", 6), ("accuracy_retrieval_qwen_niah", 4 + 2),
+     ("accuracy_qwen_ruler", 5 + 5)],
 )  # fmt: skip
 def test_accuracy_experiments_compose_every_job(experiment, n_jobs):
     """Every job of the file composes (a knob that its method lacks would fail here), and the
@@ -65,7 +66,7 @@ def test_accuracy_experiments_compose_every_job(experiment, n_jobs):
         # the small models' files measure each layer's error; the 8B files leave it off (a dense
         # pass per layer and sample at 128K), the retrieval diagnosis records evidence recall
         assert c.kind == "accuracy"
-        off = experiment.startswith(("accuracy_paper_", "accuracy_retrieval_"))
+        off = experiment.startswith(("accuracy_paper_", "accuracy_retrieval_", "accuracy_qwen_"))
         assert c.benchmark.measure_error is not off
         method = c.hydra.runtime.choices.method
         keys = ("tau", "segment_len", "q_perm", "gamma", "threshold", "alpha", "dense_tail",
@@ -73,7 +74,8 @@ def test_accuracy_experiments_compose_every_job(experiment, n_jobs):
         knobs = {k: c.method.get(k) for k in keys}  # FlashPrefill's alpha resolves for the model
         if method == "flashprefill":
             assert 0 < knobs["alpha"] < 1, job
-        seen.add((method, *map(str, knobs.values()), tuple(c.benchmark.tasks)))
+        seen.add((method, *map(str, knobs.values()), tuple(c.benchmark.tasks),
+                  tuple(c.benchmark.get("lengths") or ())))
     assert len(seen) == n_jobs  # no two jobs are the same run
 
 
