@@ -213,3 +213,25 @@ def test_gpu_named_variants_match_reference(variant, q_perm, knob, L):
         assert torch.equal(st.extra["pass2_tiles"].cpu(), want.cpu())
         assert torch.equal(st.tiles_processed.cpu(), rst.tiles_processed.cpu())
     assert decided > 0, "no unambiguous tau: the early-stop path was not compared"
+
+
+@pytest.mark.parametrize("L,Hq,Hkv,D", [(8192, 12, 2, 128), (5000, 8, 8, 64), (4100, 4, 1, 256)])
+def test_gpu_flashprefill_selection_matches_reference(L, Hq, Hkv, D):
+    """FlashPrefill's Triton selection compiled for the GPU (bf16, the official 128-token blocks)
+    against the PyTorch reference on the same inputs: tile scores to fp32 summation order, masks
+    equal wherever a block's score is not within 1e-4 of the threshold."""
+    from s2o.kernels.flashprefill_select import flashprefill_select
+    from s2o.methods import flashprefill as fp
+
+    q, k, _ = _qkv(1, Hq, Hkv, L, D, seed=L)
+    knobs = dict(alpha=0.08, sink_blocks=2, local_blocks=4, dense_tail_tiles=2)
+    mask, scores = flashprefill_select(q, k, block_size=128, scale=D**-0.5, **knobs)
+    ref = fp.tile_scores(q, k, block_size=128, scale=D**-0.5)  # pools in bf16 as the kernel does
+    assert not scores.isnan().any()
+    err = float((scores.float() - ref).abs().max())
+    assert err < 1e-3, f"tile scores differ by {err:.3e}"
+    ref_mask = fp.select(ref, min_budget=0, **knobs) & fp.block_causal(ref.shape[-1], q.device)
+    thr = knobs["alpha"] * ref.amax(-1, keepdim=True)
+    clear = (ref - thr).abs() > 1e-3 * thr
+    assert torch.equal(mask & clear, ref_mask & clear)
+    assert float(clear.double().mean()) > 0.95
