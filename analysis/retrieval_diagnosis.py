@@ -86,14 +86,15 @@ def _ids(rec: dict, task: str, length: int) -> dict[str, dict]:
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """One generated sentence per (task, length) and S2O record, the pooled tasks of each length
+    """One generated sentence per (task, length) and record other than the references (S2O, its
+    named variants, a further baseline such as FlashPrefill), the pooled tasks of each length
     first: what it answered, at which density, against dense attention, FlexPrefill and (for a
     named variant) S2O's default on the same samples (won/lost; exact McNemar, or the sign-flip
     test where scores are fractional; Holm-adjusted within the per-task or the pooled family).
     README.md and docs/accuracy.md quote these lines, never their own numbers."""
     out = []
     for r in sorted(rows, key=lambda x: (x["task"] != "all", x["length"])):
-        if r["method"].split()[0] != "s2o":
+        if r["method"] in REFERENCES:  # dense attention and FlexPrefill are the references
             continue
         cell = [x for x in rows if x["task"] == r["task"] and x["length"] == r["length"]]
         parts = []

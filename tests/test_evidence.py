@@ -468,8 +468,10 @@ def test_the_summary_line_is_generated_from_the_paired_tests():
         dict(cell, task="all", method="s2o", correct=25, density=0.359, recall=0.8),
         dict(cell, method="s2o dense_tail=128", correct=27, density=0.37, recall=1.0,
              vs_s2o=dict(n10=3, n01=1, p_holm=1.0)),
+        dict(cell, method="flashprefill", correct=22, density=0.193, recall=1.0,
+             vs_full=dict(n10=5, n01=5, p_holm=1.0)),
     ]  # fmt: skip
-    pooled, line, variant = rd.summary(rows)
+    pooled, line, variant, baseline = rd.summary(rows)  # the references get no line of their own
     assert pooled == "1 task pooled at 32768 tokens: s2o answered 25/50 at density 0.359."
     assert line == (
         "niah_multikey_2 at 32768 tokens: s2o answered 25/50 at density 0.359; dense attention "
@@ -477,6 +479,10 @@ def test_the_summary_line_is_generated_from_the_paired_tests():
         "0.345 (won 1, lost 10; Holm p = 0.023)."
     )
     assert variant.endswith("S2O's default 25/50 at density 0.359 (won 3, lost 1; Holm p = 1).")
+    assert baseline == (
+        "niah_multikey_2 at 32768 tokens: flashprefill answered 22/50 at density 0.193; dense "
+        "attention 22/50 at density 1.000 (won 5, lost 5; Holm p = 1)."
+    )
 
 
 def test_fractional_scores_get_the_sign_flip_test_and_pooled_rows_their_own_family():
