@@ -143,6 +143,9 @@ def test_flashprefill_joins_the_pages_as_missing_records_never_a_number():
     assert "flashprefill" in make_all.FIG4B
     assert make_all._knobs(rec) == "alpha=0.18, dense_tail_tiles=2"
     page = (ROOT / "results/figures/README.md").read_text().split("## GPU runs")[0]
-    for line in page.splitlines():
-        if "flashprefill" in line and line.startswith("|"):
-            raise AssertionError(f"a table row names flashprefill without its records: {line}")
+    for section in page.split("\n## "):
+        if "/flashprefill/" in section:  # the section reads a FlashPrefill record: rows may follow
+            continue
+        for line in section.splitlines():
+            if "flashprefill" in line and line.startswith("|"):
+                raise AssertionError(f"a table row names flashprefill without its records: {line}")
