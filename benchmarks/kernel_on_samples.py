@@ -10,8 +10,9 @@ relative error of the kernel's output against the reference's (all rows and the 
 128 rows), the share of (batch x head, query tile) pairs whose Pass-2 walked the same number of key
 tiles, and the density of each. GPU only (the kernel); at 32K the reference takes seconds a layer.
 
-    python -m benchmarks.kernel_on_samples --s2o results/accuracy/ruler/qwen25_coder_1p5b/s2o/658195d78263/record.json \\
-        --against results/accuracy/ruler/qwen25_coder_1p5b/full/04f169c3cca7/record.json \\
+    R=results/accuracy/ruler/qwen25_coder_1p5b
+    python -m benchmarks.kernel_on_samples --s2o $R/s2o/658195d78263/record.json \\
+        --against $R/full/04f169c3cca7/record.json \\
         --model-path /tmp/q --gguf-file qwen.gguf --length 32768 --n 3 --out results/benchmarks
 """
 
@@ -37,6 +38,14 @@ def lost_ids(s2o_rec: Path, against_rec: Path, length: int) -> list[str]:
 
     a, s = scores(against_rec), scores(s2o_rec)
     return [i for i in a if i in s and a[i] > s[i]]
+
+
+def parse_layers(text: str) -> list[int]:
+    """``--layers 0,5,27`` -> ``[0, 5, 27]``; anything else is an error naming the value."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--layers {text!r}: give 'all' or comma-separated integers") from None
 
 
 def compare_layer(q, k, v, knobs: dict) -> dict:
@@ -94,12 +103,14 @@ def main(argv: list[str] | None = None) -> Path:
              if k not in ("impl", "launch", "step1_sort")}  # fmt: skip
     ids = lost_ids(args.s2o, args.against, args.length)[: args.n]
     if not ids:
-        raise SystemExit(f"no sample at {args.length} that {args.against} answered and {args.s2o} lost")
+        raise SystemExit(
+            f"no sample at {args.length} that {args.against} answered and {args.s2o} lost"
+        )
     device = torch.device("cuda")
     model_cfg = {**cfg["model"], "path": args.model_path, "gguf_file": args.gguf_file}
     model, tok = capture.load_model(model_cfg, device)
     n_layers = model.config.num_hidden_layers
-    layers = list(range(n_layers)) if args.layers == "all" else [int(x) for x in args.layers.split(",")]
+    layers = list(range(n_layers)) if args.layers == "all" else parse_layers(args.layers)
     fmt = accuracy.prompt_format(tok, model_cfg)
     tasks = sorted({i.split("/")[1] for i in ids})
     bench = {**cfg["benchmark"], "tasks": tasks, "lengths": [args.length]}
@@ -131,9 +142,10 @@ def main(argv: list[str] | None = None) -> Path:
         "layers_with_identical_tiles": sum(r["same_tiles_processed"] for r in rows),
         "layer_checks": len(rows),
     }
-    write_record(path, {"status": "ok", "id": rid, "kind": "benchmark",
-                        "benchmark": "kernel_on_samples", "config": config,
-                        "environment": env, "metrics": {"summary": summary, "rows": rows}})  # fmt: skip
+    write_record(path, {
+        "status": "ok", "id": rid, "kind": "benchmark", "benchmark": "kernel_on_samples",
+        "config": config, "environment": env, "metrics": {"summary": summary, "rows": rows},
+    })  # fmt: skip
     print(json.dumps(summary), flush=True)
     print(f"record: {path}")
     return path

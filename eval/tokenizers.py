@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -481,8 +480,7 @@ def _save(tok, folder: Path, meta: dict) -> None:
     (transformers 5.17's saved Gemma tokenizer reloads character-level)."""
     from transformers import AutoTokenizer
 
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = files.staging_dir(folder)
     tok.save_pretrained(tmp)
     bad = mismatches(AutoTokenizer.from_pretrained(tmp), meta["expected"])
     if bad:
@@ -491,11 +489,7 @@ def _save(tok, folder: Path, meta: dict) -> None:
               file=sys.stderr)  # fmt: skip
         return
     (tmp / "verified.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
-    shutil.rmtree(folder, ignore_errors=True)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process (jobs sharing a GPU) saved the same verified folder first
-        shutil.rmtree(tmp, ignore_errors=True)
+    files.publish_dir(tmp, folder, replace=True)  # a cache that no longer verifies is replaced
 
 
 # -- the committed tables ----------------------------------------------------------------------

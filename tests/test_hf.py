@@ -296,6 +296,8 @@ def test_a_gguf_loads_from_its_dequantized_copy_the_second_time(tmp_path, capfd)
     ids = torch.randint(0, 1000, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(first(ids).logits, second(ids).logits)
+    with pytest.raises(ValueError, match="dequant_cache='no' is not true or false"):
+        models.normalize({**cfg, "dequant_cache": "no"})
     off = models.normalize({**cfg, "cache_dir": str(tmp_path / "off"), "dequant_cache": False})
     models.load(off, torch.device("cpu"))
     assert not (tmp_path / "off" / "dequantized").exists()

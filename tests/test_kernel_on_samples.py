@@ -39,3 +39,9 @@ def test_compare_layer_finds_the_kernel_equal_to_the_reference(monkeypatch):
     assert row["rel_err"] < 2e-3 and row["rel_err_question_rows"] < 2e-3, row
     assert row["same_walk_share"] == 1.0 and row["same_tiles_processed"], row
     assert row["density_kernel"] == pytest.approx(row["density_reference"])
+
+
+def test_bad_layers_are_refused_naming_the_value():
+    assert kos.parse_layers("0,5,27") == [0, 5, 27]
+    with pytest.raises(SystemExit, match="--layers '0,x'"):
+        kos.parse_layers("0,x")

@@ -177,3 +177,25 @@ def test_an_unknown_pre_tokenizer_is_refused():
     )  # fmt: skip
     with pytest.raises(TokenizerError, match="somebody-else"):
         tokenizers.reference_encoder(vocab)
+
+
+def test_a_cache_folder_is_published_whole_and_a_concurrent_winner_stands(tmp_path):
+    """eval.files.staging_dir / publish_dir, under the tokenizer and dequantized-weights caches:
+    the folder appears by one rename; where another process published it first, its copy stands
+    (unless replace=True) and the staging folder is removed."""
+    from eval import files
+
+    folder = tmp_path / "cache" / "entry"
+    tmp = files.staging_dir(folder)
+    (tmp / "a").write_text("mine")
+    assert not folder.exists()
+    files.publish_dir(tmp, folder)
+    assert (folder / "a").read_text() == "mine" and not tmp.exists()
+    tmp = files.staging_dir(folder)
+    (tmp / "a").write_text("late")
+    files.publish_dir(tmp, folder)  # another copy already stands: ours goes
+    assert (folder / "a").read_text() == "mine" and not tmp.exists()
+    tmp = files.staging_dir(folder)
+    (tmp / "a").write_text("new")
+    files.publish_dir(tmp, folder, replace=True)
+    assert (folder / "a").read_text() == "new" and not tmp.exists()

@@ -17,7 +17,8 @@ import triton.language as tl
 from .launch import check_head_dim
 
 LOG2E = 1.4426950408889634
-NORM_EPS = tl.constexpr(1e-9)  # the official normalize_scores' denominator guard (a kernel reads only constexpr globals)
+# the official normalize_scores' denominator guard; a constexpr, as every global a kernel reads
+NORM_EPS = tl.constexpr(1e-9)
 
 
 @triton.jit
