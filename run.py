@@ -128,10 +128,14 @@ def warn_shared_gpu(resolved: dict) -> None:
 
 
 def warn_unread_keys(overrides: list[str]) -> None:
-    """``+key=value`` adds a key the config does not have: no code reads it (a misspelt key)."""
+    """``+key=value`` adds a key the config does not have: no code reads it (a misspelt key),
+    except a model option that only ``eval.models.DEFAULTS`` names (``+model.dequant_cache``)."""
+    from eval.models import DEFAULTS as MODEL_DEFAULTS
+
+    read = tuple(f"model.{k}" for k in MODEL_DEFAULTS)
     for o in overrides:
         key = o.lstrip("+").split("=", 1)[0]
-        if o.startswith("+") and not key.startswith(("hydra.", "method.")):
+        if o.startswith("+") and not key.startswith(("hydra.", "method.")) and key not in read:
             print(
                 f"warning: {o} adds the key '{key}', which no code reads (misspelt? keys that "
                 "exist are set without '+'); it only changes the run's identity",

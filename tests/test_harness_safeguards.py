@@ -176,6 +176,9 @@ def test_plus_key_warns_that_no_code_reads_it(capsys):
     err = capsys.readouterr().err
     assert "+taux=1" in err and "+data.sinkk=2" in err and "no code reads" in err, err
     assert "tau=0.1" not in err and "hydra" not in err
+    run.warn_unread_keys(["+model.dequant_cache=false", "+model.dequant_cach=false"])
+    err = capsys.readouterr().err
+    assert "+model.dequant_cach=false" in err and "+model.dequant_cache=false" not in err, err
 
 
 @pytest.mark.parametrize(
