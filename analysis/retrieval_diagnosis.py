@@ -20,6 +20,7 @@ head, one panel per method.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import warnings
 from collections import defaultdict
@@ -454,7 +455,65 @@ def provenance(recs: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def page(recs: dict[str, dict], fig: Path | None) -> str:
+def kernel_rows(kernel_recs: list[dict]) -> list[list]:
+    """One row per ``benchmarks.kernel_on_samples`` record: the S2O kernel against its fp32
+    reference on the Q/K/V the model computed on samples dense attention answered and S2O lost."""
+    rows = []
+    for rec in kernel_recs:
+        m, env = rec["metrics"], rec["environment"]
+        per = m["rows"]
+        gap = max(abs(r["density_kernel"] - r["density_reference"]) for r in per)
+        rows.append([
+            f"`{rec['id']}`", len({r["id"] for r in per}), len(per),
+            _f(m["summary"]["max_rel_err"], ".4f"),
+            _f(m["summary"]["max_rel_err_question_rows"], ".4f"),
+            _f(m["summary"]["min_same_walk_share"], ".4f"), f"{gap:.1e}",
+            f"{env.get('device_name')}, torch {env.get('torch')}, Triton {env.get('triton')}, "
+            f"{env.get('git_revision')}",
+        ])  # fmt: skip
+    return rows
+
+
+KERNEL_HEAD = ["record", "samples", "layer checks", "max rel. error", "on the question rows",
+               "min. same-walk share", "max density gap", "device, versions, revision"]  # fmt: skip
+
+
+def kernel_part(kernel_recs: list[dict]) -> list[str]:
+    if not kernel_recs:
+        return []
+    return [
+        "## The kernel against its reference on the lost samples",
+        "",
+        "`benchmarks.kernel_on_samples`: Qwen's Q/K/V at the listed layers on samples dense "
+        "attention answered and S2O's default lost; the Triton kernel's output against the fp32 "
+        "PyTorch reference (relative Frobenius error, all rows and the question's last 128 "
+        "rows), the share of query tiles whose walk stopped at the same tile in both, and the "
+        "largest density difference.",
+        "",
+        markdown(KERNEL_HEAD, kernel_rows(kernel_recs)),
+        "",
+        kernel_verdict(kernel_recs),
+        "",
+    ]
+
+
+KERNEL_MATCH = {"max_rel_err": 0.01, "min_same_walk_share": 0.99}  # bf16 output, fp32 reference
+
+
+def kernel_verdict(kernel_recs: list[dict]) -> str:
+    worst_err = max(r["metrics"]["summary"]["max_rel_err"] for r in kernel_recs)
+    worst_walk = min(r["metrics"]["summary"]["min_same_walk_share"] for r in kernel_recs)
+    if worst_err <= KERNEL_MATCH["max_rel_err"] and worst_walk >= KERNEL_MATCH["min_same_walk_share"]:
+        return (f"The kernel matches its reference on these samples (relative error at most "
+                f"{worst_err:.4f}, at least {worst_walk:.1%} of query tiles stop where the "
+                f"reference stops): the lost answers come from the rule the reference computes, "
+                f"not from the kernel.")  # fmt: skip
+    return (f"The kernel departs from its reference on these samples (relative error up to "
+            f"{worst_err:.4f}, same-walk share down to {worst_walk:.1%}; bounds "
+            f"{KERNEL_MATCH}): a kernel bug may take part in the lost answers.")
+
+
+def page(recs: dict[str, dict], fig: Path | None, kernel_recs: list[dict] = ()) -> str:
     first = next(iter(recs.values()))
     model_cfg = (first.get("config") or {}).get("model") or {}
     model = model_cfg.get("name") or first["metrics"]["model"]
@@ -505,6 +564,7 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
         "",
         verdict(loc),
         "",
+        *kernel_part(list(kernel_recs)),
         "## Evidence recall against accuracy",
         "",
         recall_vs_accuracy(rows)
@@ -533,16 +593,18 @@ def page(recs: dict[str, dict], fig: Path | None) -> str:
     return "\n".join(parts) + "\n"
 
 
-def pinned(manifest: dict | None = None, results: Path | None = None) -> list[Path]:
-    """The records pinned under ``records.retrieval.qwen25_coder_1p5b`` in results/manifest.yaml
-    (``manifest``/``results``: an already-read manifest and its results folder)."""
+def pinned(manifest: dict | None = None, results: Path | None = None,
+           key: str = "retrieval") -> list[Path]:  # fmt: skip
+    """The records pinned under ``records.<key>.qwen25_coder_1p5b`` in results/manifest.yaml
+    (``manifest``/``results``: an already-read manifest and its results folder; ``key``:
+    ``retrieval`` or ``kernel_on_samples``)."""
     import yaml
 
     from analysis.records import MANIFEST, ROOT
 
     results = ROOT / "results" if results is None else results
     man = manifest if manifest is not None else yaml.safe_load((results / MANIFEST).read_text())
-    paths = ((man.get("records") or {}).get("retrieval") or {}).get("qwen25_coder_1p5b") or []
+    paths = ((man.get("records") or {}).get(key) or {}).get("qwen25_coder_1p5b") or []
     return [results / p for p in paths]
 
 
@@ -570,9 +632,11 @@ def section(ctx):
         return sec
     recs = by_label([load(p) for p in paths])
     fig = figure(recs, ctx.out / PAGE.replace(".md", ".png"))
-    (ctx.out / PAGE).write_text(page(recs, fig))
+    kpaths = [p for p in pinned(ctx.manifest, ctx.results, "kernel_on_samples") if p.is_file()]
+    krecs = [json.loads(p.read_text()) for p in kpaths]
+    (ctx.out / PAGE).write_text(page(recs, fig, krecs))
     sec.files += [PAGE] + ([fig.name] if fig is not None else [])
-    sec.sources += [f"`{rel_path(p)}`" for p in paths]
+    sec.sources += [f"`{rel_path(p)}`" for p in paths + kpaths]
     rows = accuracy_rows(recs)
     sec.body += [
         f"The whole page, with evidence recall, where S2O loses the needle and the fidelity "
@@ -586,6 +650,10 @@ def section(ctx):
         if not any(lab.startswith(f"s2o {variant}") for lab in recs):
             sec.missing_line(f"the named variant s2o {variant}=128 on the same samples",
                              GPU_COMMAND)  # fmt: skip
+    if not krecs:
+        sec.missing_line("the S2O kernel against its reference on the lost samples "
+                         "(records.kernel_on_samples.qwen25_coder_1p5b)",
+                         "`python -m benchmarks.kernel_on_samples` (analysis/gpu_runs.md)")  # fmt: skip
     if "flashprefill" not in recs:
         sec.missing_line("FlashPrefill (alpha 0.08, the official Qwen2 value) on the same samples",
                          GPU_COMMAND)  # fmt: skip

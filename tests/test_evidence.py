@@ -508,3 +508,25 @@ def test_fractional_scores_get_the_sign_flip_test_and_pooled_rows_their_own_fami
     # one test in each family: Holm leaves each p as it is
     assert per["vs_full"]["p_holm"] == per["vs_full"]["p_value"] == 0.125
     assert pooled["vs_full"]["p_holm"] == pooled["vs_full"]["p_value"] == 0.125
+
+
+def _kernel_rec(err, walk):
+    rows = [{"id": "s/1", "layer": 0, "rel_err": err, "rel_err_question_rows": err,
+             "same_walk_share": walk, "density_kernel": 0.3, "density_reference": 0.31}]
+    return {"id": "abc", "environment": {"device_name": "GPU", "torch": "t", "triton": "x",
+                                         "git_revision": "r"},
+            "metrics": {"rows": rows, "summary": {"max_rel_err": err, "max_rel_err_question_rows":
+                                                  err, "min_same_walk_share": walk}}}
+
+
+def test_kernel_on_samples_part_says_match_or_departure():
+    from analysis import retrieval_diagnosis as rd
+
+    good = rd.kernel_part([_kernel_rec(0.002, 0.999)])
+    assert any("matches its reference" in line for line in good)
+    assert any("| `abc` | 1 | 1 | 0.0020 |" in line for line in good)
+    assert any("1.0e-02" in line for line in good)  # the density gap
+    bad = rd.kernel_part([_kernel_rec(0.002, 0.9)])
+    assert any("departs from its reference" in line for line in bad)
+    assert any("departs" in line for line in rd.kernel_part([_kernel_rec(0.05, 1.0)]))
+    assert rd.kernel_part([]) == []
