@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> Path:
         raise SystemExit("benchmarks.kernel_on_samples needs a CUDA GPU (the kernel)")
 
     from eval import capture
+    from benchmarks.common import command_line
     from experiments import accuracy
     from experiments.provenance import code_revision, environment
     from experiments.records import benchmark_id, benchmark_record_path, write_record
@@ -144,7 +145,9 @@ def main(argv: list[str] | None = None) -> Path:
     }
     write_record(path, {
         "status": "ok", "id": rid, "kind": "benchmark", "benchmark": "kernel_on_samples",
-        "config": config, "environment": env, "metrics": {"summary": summary, "rows": rows},
+        "command": command_line("benchmarks.kernel_on_samples", argv), "config": config,
+        "identity": {"code": code, "device_model": env.get("device_name", "cuda"), "id": rid},
+        "environment": env, "metrics": {"summary": summary, "rows": rows},
     })  # fmt: skip
     print(json.dumps(summary), flush=True)
     print(f"record: {path}")
