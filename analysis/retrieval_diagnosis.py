@@ -503,7 +503,8 @@ KERNEL_MATCH = {"max_rel_err": 0.01, "min_same_walk_share": 0.99}  # bf16 output
 def kernel_verdict(kernel_recs: list[dict]) -> str:
     worst_err = max(r["metrics"]["summary"]["max_rel_err"] for r in kernel_recs)
     worst_walk = min(r["metrics"]["summary"]["min_same_walk_share"] for r in kernel_recs)
-    if worst_err <= KERNEL_MATCH["max_rel_err"] and worst_walk >= KERNEL_MATCH["min_same_walk_share"]:
+    bound_err, bound_walk = KERNEL_MATCH["max_rel_err"], KERNEL_MATCH["min_same_walk_share"]
+    if worst_err <= bound_err and worst_walk >= bound_walk:
         return (f"The kernel matches its reference on these samples (relative error at most "
                 f"{worst_err:.4f}, at least {worst_walk:.1%} of query tiles stop where the "
                 f"reference stops): the lost answers come from the rule the reference computes, "
@@ -653,7 +654,8 @@ def section(ctx):
     if not krecs:
         sec.missing_line("the S2O kernel against its reference on the lost samples "
                          "(records.kernel_on_samples.qwen25_coder_1p5b)",
-                         "`python -m benchmarks.kernel_on_samples` (analysis/gpu_runs.md)")  # fmt: skip
+                         "`python -m benchmarks.kernel_on_samples` "
+                         "(analysis/gpu_runs.md)")  # fmt: skip
     if "flashprefill" not in recs:
         sec.missing_line("FlashPrefill (alpha 0.08, the official Qwen2 value) on the same samples",
                          GPU_COMMAND)  # fmt: skip

@@ -125,6 +125,24 @@ def command_line(module: str, argv: list[str] | None) -> str:
     return " ".join(["python", "-m", module, *(shlex.quote(a) for a in args)])
 
 
+def record_head(benchmark: str, config: dict, command: str, device, rev: str | None) -> dict:
+    """A benchmark record's fields before its metrics: id (``experiments.records.benchmark_id`` of
+    the config, code revision and GPU model), kind, benchmark, command, config, identity and
+    environment; every benchmark record starts from this (:class:`Recorder`, one-shot scripts)."""
+    from experiments.provenance import code_revision, environment
+    from experiments.records import benchmark_id
+
+    env = environment(device, rev)
+    code = code_revision(rev)
+    digest = benchmark_id(config, code, env["device_name"])
+    return {
+        "id": digest, "kind": "benchmark", "benchmark": benchmark, "command": command,
+        "config": config, "identity": {"code": code, "device_model": env["device_name"],
+                                       "id": digest},
+        "environment": env,
+    }  # fmt: skip
+
+
 @dataclass
 class Recorder:
     """One benchmark run's record; :meth:`save` rewrites it (call it after every part)."""
@@ -140,21 +158,15 @@ class Recorder:
     def __post_init__(self):
         import torch
 
-        from experiments.provenance import code_revision, environment, is_tracked
-        from experiments.records import benchmark_id, benchmark_record_path
+        from experiments.provenance import is_tracked
+        from experiments.records import benchmark_record_path
 
         self.t0 = time.perf_counter()
         self.config = {**self.config, "shape": asdict(self.shape)}
-        env = environment(torch.device(self.shape.device), self.rev)
-        code = code_revision(self.rev)
-        digest = benchmark_id(self.config, code, env["device_name"])
-        self.record = {
-            "status": "partial", "id": digest, "kind": "benchmark", "benchmark": self.benchmark,
-            "command": self.command, "config": self.config,
-            "identity": {"code": code, "device_model": env["device_name"], "id": digest},
-            "environment": env, "metrics": self.metrics,
-        }  # fmt: skip
-        self.path = benchmark_record_path(self.out, self.benchmark, digest)
+        head = record_head(self.benchmark, self.config, self.command,
+                           torch.device(self.shape.device), self.rev)  # fmt: skip
+        self.record = {"status": "partial", **head, "metrics": self.metrics}
+        self.path = benchmark_record_path(self.out, self.benchmark, head["id"])
         if self.path.exists() and is_tracked(self.path):
             raise SystemExit(f"{self.path} is a committed record: pass --out <another folder>")
         if self.path.exists():  # same config, code and GPU model: this run replaces it

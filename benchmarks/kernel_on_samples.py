@@ -92,11 +92,10 @@ def main(argv: list[str] | None = None) -> Path:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.kernel_on_samples needs a CUDA GPU (the kernel)")
 
+    from benchmarks.common import command_line, record_head
     from eval import capture
-    from benchmarks.common import command_line
     from experiments import accuracy
-    from experiments.provenance import code_revision, environment
-    from experiments.records import benchmark_id, benchmark_record_path, write_record
+    from experiments.records import benchmark_record_path, write_record
 
     rec = json.loads(args.s2o.read_text())
     cfg = rec["config"]
@@ -130,12 +129,11 @@ def main(argv: list[str] | None = None) -> Path:
             print(json.dumps(row), flush=True)
         del qkv
         torch.cuda.empty_cache()
-    code = code_revision(args.rev)
-    env = environment(device, args.rev)
     config = {"s2o_record": str(args.s2o), "against_record": str(args.against),
               "length": args.length, "ids": ids, "layers": layers, "knobs": knobs}  # fmt: skip
-    rid = benchmark_id(config, code, env.get("device_name", "cuda"))
-    path = benchmark_record_path(args.out, "kernel_on_samples", rid)
+    command = command_line("benchmarks.kernel_on_samples", argv)
+    head = record_head("kernel_on_samples", config, command, device, args.rev)
+    path = benchmark_record_path(args.out, "kernel_on_samples", head["id"])
     summary = {
         "max_rel_err": max(r["rel_err"] for r in rows),
         "max_rel_err_question_rows": max(r["rel_err_question_rows"] for r in rows),
@@ -143,12 +141,7 @@ def main(argv: list[str] | None = None) -> Path:
         "layers_with_identical_tiles": sum(r["same_tiles_processed"] for r in rows),
         "layer_checks": len(rows),
     }
-    write_record(path, {
-        "status": "ok", "id": rid, "kind": "benchmark", "benchmark": "kernel_on_samples",
-        "command": command_line("benchmarks.kernel_on_samples", argv), "config": config,
-        "identity": {"code": code, "device_model": env.get("device_name", "cuda"), "id": rid},
-        "environment": env, "metrics": {"summary": summary, "rows": rows},
-    })  # fmt: skip
+    write_record(path, {"status": "ok", **head, "metrics": {"summary": summary, "rows": rows}})
     print(json.dumps(summary), flush=True)
     print(f"record: {path}")
     return path
