@@ -31,7 +31,9 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
+import time
 import weakref
 import zipfile
 from collections.abc import Callable
@@ -175,22 +177,67 @@ def load(model_cfg: dict, device: torch.device, *, attn_implementation: str = "s
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where, extra = _weights_location(model_cfg)
-    config = AutoConfig.from_pretrained(where, **extra)
+    cached = model_cfg["source"] == "gguf" and model_cfg.get("dequant_cache", True)
+    cache_dir = Path(str(model_cfg["cache_dir"]))
+    LAST_LOAD.clear()
+    t = time.perf_counter()
+    if cached:
+        config = _gguf_config(where, extra["gguf_file"], cache_dir)
+    else:
+        config = AutoConfig.from_pretrained(where, **extra)
     if model_cfg.get("rope_scaling"):
         set_rope_scaling(config, dict(model_cfg["rope_scaling"]))
+    LAST_LOAD["config_s"] = time.perf_counter() - t
     print(f"loading {describe(model_cfg)} ...", file=sys.stderr, flush=True)
-    if model_cfg["source"] == "gguf" and model_cfg.get("dequant_cache", True):
+    t = time.perf_counter()
+    if cached:
         model = _gguf_through_cache(where, extra["gguf_file"], config, dtype, attn_implementation,
-                                    Path(str(model_cfg["cache_dir"])))  # fmt: skip
+                                    cache_dir)  # fmt: skip
     else:
         model = AutoModelForCausalLM.from_pretrained(
             where, config=config, dtype=dtype, attn_implementation=attn_implementation, **extra
         )
+    LAST_LOAD["weights_s"] = time.perf_counter() - t
+    t = time.perf_counter()
     if model_cfg["source"] == "gguf":
         tokenizer = gguf_tokenizer(Path(where) / model_cfg["gguf_file"], model_cfg)
     else:
         tokenizer = AutoTokenizer.from_pretrained(where, **extra)
-    return model.to(device).eval(), tokenizer
+    LAST_LOAD["tokenizer_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    model = model.to(device).eval()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    LAST_LOAD["to_device_s"] = time.perf_counter() - t
+    return model, tokenizer
+
+
+LAST_LOAD: dict[str, float] = {}
+"""Seconds of each phase of the last :func:`load` of pretrained weights in this process (config,
+weights, tokenizer, to_device): the accuracy record's ``timing.model_load_phases``."""
+
+
+def _gguf_config(where: str, gguf_file: str, cache_dir: Path):
+    """The model config a GGUF's metadata describes (transformers parses the file: 7.5 s for
+    Qwen2.5-1.5B's on a CPU), saved once as ``config.json`` under ``cache_dir/gguf_config/``
+    (:func:`config_folder`) and read from there afterwards."""
+    from transformers import AutoConfig
+
+    folder = config_folder(Path(where) / gguf_file, cache_dir)
+    if (folder / "config.json").is_file():
+        config = AutoConfig.from_pretrained(folder)
+        config._name_or_path = str(where)  # as read from the GGUF: the same config, field by field
+        return config
+    config = AutoConfig.from_pretrained(where, gguf_file=gguf_file)
+    tmp = files.staging_dir(folder)
+    try:
+        config.save_pretrained(tmp)
+    except OSError as e:  # a full disk: only the copy is lost
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"not caching the config in {folder}: {e}", file=sys.stderr)
+        return config
+    files.publish_dir(tmp, folder)
+    return config
 
 
 DEQUANT_VERSION = 1  # bump when what the dequantized cache holds changes: old entries are not read
@@ -200,12 +247,21 @@ def dequant_folder(gguf_path: Path, dtype: torch.dtype, cache_dir: Path) -> Path
     """Where the dequantized weights of ``gguf_path`` in ``dtype`` live under ``cache_dir``:
     keyed by the file's sha256, the dtype, the transformers version (its dequantization) and
     :data:`DEQUANT_VERSION`."""
+    return _cache_folder(gguf_path, cache_dir / "dequantized", str(dtype), DEQUANT_VERSION)
+
+
+def config_folder(gguf_path: Path, cache_dir: Path) -> Path:
+    """Where the config of ``gguf_path`` is saved under ``cache_dir``: keyed by the file's sha256
+    and the transformers version (which reads the GGUF's metadata into a config)."""
+    return _cache_folder(gguf_path, cache_dir / "gguf_config")
+
+
+def _cache_folder(gguf_path: Path, under: Path, *key) -> Path:
     import transformers
 
-    key = json.dumps([files.sha256(gguf_path), str(dtype), transformers.__version__,
-                      DEQUANT_VERSION])  # fmt: skip
+    key = json.dumps([files.sha256(gguf_path), *key, transformers.__version__])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(cache_dir) / "dequantized" / f"{Path(gguf_path).stem}-{digest}"
+    return Path(under) / f"{Path(gguf_path).stem}-{digest}"
 
 
 def _gguf_through_cache(where: str, gguf_file: str, config, dtype, attn_implementation: str,
@@ -215,7 +271,6 @@ def _gguf_through_cache(where: str, gguf_file: str, config, dtype, attn_implemen
     the copy (strict: a missing or unexpected tensor is an error). Else transformers dequantizes
     the file and the weights are saved there (a temporary folder renamed; shared tensors such as
     tied embeddings saved once; a failed save, e.g. a full disk, only warns)."""
-    import shutil
 
     from safetensors.torch import load_model, save_model
     from transformers import AutoModelForCausalLM

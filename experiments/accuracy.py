@@ -243,15 +243,18 @@ def _lap(parts: dict[str, float], key: str, since: float) -> float:
 
 
 def timing(load_s: float | None, reused: bool | None, build_s: float, wall_s: float,
-           ran: list[dict], parts: dict[str, float]) -> dict:  # fmt: skip
+           ran: list[dict], parts: dict[str, float],
+           load_phases: dict[str, float] | None = None) -> dict:  # fmt: skip
     """The job's ``timing`` block: the model load (``None`` when the caller gave the model; near 0
     with ``reused`` when an earlier job of the process loaded it), the sample building, and over
     the samples this job ran (``ran``: their lines; resumed ones were timed by another process):
     their wall time (the loop, line writing and progress included) and the sums of their
-    per-sample times, plus ``parts`` (s): where a sample's time outside the decode loop went."""
+    per-sample times, plus ``parts`` (s): where a sample's time outside the decode loop went, and
+    ``load_phases`` (s): where the model load went (:data:`eval.models.LAST_LOAD`), when it ran."""
     total = lambda k: None if any(r.get(k) is None for r in ran) else sum(r[k] for r in ran) / 1e3
     return {
         "model_load_s": load_s, "model_reused": reused, "build_samples_s": build_s,
+        **({"model_load_phases": load_phases} if load_phases else {}),
         "samples_run": len(ran), "samples_wall_s": wall_s,
         "sample_s_sum": total("sample_ms"), "loop_s_sum": total("loop_ms"),
         "prefill_s_sum": total("prefill_ms"), "decode_s_sum": total("decode_ms"),
@@ -354,13 +357,14 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     check_job(resolved, getattr(model, "config", None))
     bench, device = resolved["benchmark"], torch.device(resolved["device"])
     model_cfg = models.normalize(resolved["model"])
-    load_s = reused = None
+    load_s = reused = phases = None
     if model is None:
         model_cfg["dtype"] = resolved["dtype"]
         reused = _load_key(model_cfg, device, resolved["seed"]) in _LOADED
         t = time.perf_counter()
         model, tokenizer = _load_once(model_cfg, device, resolved["seed"])
         load_s = time.perf_counter() - t
+        phases = None if reused else dict(models.LAST_LOAD)
     if tokenizer is None:
         raise ConfigError("kind=accuracy needs a tokenizer: pretrained weights, not random")
     t = time.perf_counter()
@@ -433,7 +437,7 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
         "samples_file": str(samples_file), "cells": cells(lines),
         "template": "chat" if model_cfg.get("chat") else "base", "stop": stop,
         "tokenizer": models.tokenizer_summary(tokenizer),
-        "timing": timing(load_s, reused, build_s, wall_s, ran, parts),
+        "timing": timing(load_s, reused, build_s, wall_s, ran, parts, phases),
     }  # fmt: skip
     if (breakdown := task.aggregate(lines)) is not None:
         out[task.name] = breakdown

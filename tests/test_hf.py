@@ -283,6 +283,9 @@ def test_a_gguf_loads_from_its_dequantized_copy_the_second_time(tmp_path, capfd)
     first, _ = models.load(cfg, torch.device("cpu"))
     assert "dequantized weights from" not in capfd.readouterr().err
     assert (folder / "done.json").is_file()
+    conf = models.config_folder(where / cfg["gguf_file"], tmp_path) / "config.json"
+    assert conf.is_file()  # the GGUF's metadata is parsed once, then read from config.json
+    assert set(models.LAST_LOAD) == {"config_s", "weights_s", "tokenizer_s", "to_device_s"}
     second, _ = models.load(cfg, torch.device("cpu"))
     assert f"dequantized weights from {folder}" in capfd.readouterr().err
     a, b = first.state_dict(), second.state_dict()
