@@ -69,3 +69,37 @@ def test_kernel_refuses_small_tiles(gen):
     with pytest.raises(ValueError, match="block_size must be a power of two >= 16.*got 8"):
         flashprefill_select(q, k, block_size=8, scale=0.25, alpha=0.1, sink_blocks=2,
                             local_blocks=4, dense_tail_tiles=2)  # fmt: skip
+
+
+# ------------------------------------------------------------------ the kernel's row LSE
+
+MC_CASES = [  # B, Hq, Hkv, L, D, bs, dtype: GQA 1/4/4, batch 2, L % bs != 0
+    (2, 2, 2, 77, 32, 16, torch.float32),
+    (2, 4, 1, 300, 16, 16, torch.float16),
+    (1, 8, 2, 150, 16, 32, torch.float16),
+]
+PRUNE = dict(sink_blocks=0, local_blocks=1, dense_tail_tiles=1)
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,L,D,bs,dtype", MC_CASES)
+def test_block_sparse_kernel_lse(B, Hq, Hkv, L, D, bs, dtype, gen):
+    """The row log-sum-exp the correction merges with: torch.logsumexp of the plan's logits; the
+    output is the same bits with or without it."""
+    from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists
+    from s2o.methods.blocksparse import grouped_scores, visible_keys
+
+    q, k, v = _qkv(B, Hq, Hkv, L, D, dtype, gen)
+    plan = fp.flashprefill_plan(q, k, alpha=0.9, block_size=bs, min_budget=0, scale=None, **PRUNE)
+    idx, cnt = mask_to_lists(plan.mask)
+    plain = torch.full_like(q, float("nan"))
+    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=plain)
+    out, lse = torch.full_like(q, float("nan")), torch.full((B, Hq, L), float("nan"))
+    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=out, lse=lse)
+    assert torch.equal(out, plain), "asking for the LSE changed the output"
+    rows = torch.arange(L)
+    s = grouped_scores(q.float(), k.float(), D**-0.5)
+    want = torch.logsumexp(s.masked_fill(~visible_keys(plan, rows, L), float("-inf")), -1)
+    err = float((lse - want).abs().max())
+    assert err < 1e-5, f"lse differs by {err:.3e}"
+    with pytest.raises(ValueError, match=r"lse must be a float32 tensor of shape"):
+        block_sparse_attention(q, k, v, idx, cnt, block_size=bs, lse=lse.half())
