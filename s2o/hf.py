@@ -16,9 +16,11 @@ patched, so every model whose attention dispatches through ``ALL_ATTENTION_FUNCT
   tokens long: the bound method (``sparse_attention``'s knobs, validated once on entering) on
   ``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]`` (GQA is never materialized), with the model's own
   softmax scale (Gemma: ``query_pre_attn_scalar ** -0.5``);
-- every other call (decode, unselected layers, sliding-window layers by default, prefill shorter
-  than ``min_len``): transformers' SDPA attention, with the model's own mask. Inside the context
-  the dense calls therefore run SDPA even if the model was loaded with another implementation.
+- every other call (decode, unselected layers, sliding-window layers by default, the first
+  ``N`` layers of a method bound with ``dense_first_layers=N`` (FlashPrefill v2's recipe),
+  prefill shorter than ``min_len``): transformers' SDPA attention, with the model's own mask.
+  Inside the context the dense calls therefore run SDPA even if the model was loaded with another
+  implementation.
 
 The tensors a layer hands the method are not scanned for NaN/Inf (``sparse_attention`` does
 that; here it would synchronize the GPU at every layer): a model whose activations overflow
@@ -237,8 +239,10 @@ class SparsePrefill:
     def __init__(
         self, model, method: BoundMethod, layers: list[int], min_len: int, timing: bool,
         sliding: dict[int, int] | None = None, measure_error: bool = False, observe=None,
+        dense_first: int = 0,
     ):  # fmt: skip
         self.model = model
+        self.dense_first = dense_first
         self.observe = observe
         self.measure_error = measure_error
         self.sliding = sliding or {}
@@ -365,7 +369,11 @@ class SparsePrefill:
     def _dense_reason(self, layer: int, length: int) -> str | None:
         if layer not in self._selected:
             window = self.sliding.get(layer)
-            return f"sliding window {window}" if window else "not selected (layers=)"
+            if window:
+                return f"sliding window {window}"
+            if layer < self.dense_first:
+                return f"dense first layers (dense_first_layers={self.dense_first})"
+            return "not selected (layers=)"
         if length < self.min_len:
             return f"L={length} < min_len={self.min_len}"
         return None
@@ -467,6 +475,18 @@ def _select_layers(layers, modules: dict, sliding: dict[int, int]) -> list[int]:
     return chosen
 
 
+def _after_dense_first(layers: list[int], n: int) -> list[int]:
+    """``layers`` without the indices below ``n`` (a method's ``dense_first_layers``: v2 keeps
+    ``layer_id < n`` dense); ``ValueError`` if none is left."""
+    kept = [i for i in layers if i >= n]
+    if layers and not kept:
+        raise ValueError(
+            f"dense_first_layers={n} keeps every selected layer {layers} dense: nothing would "
+            "run sparse"
+        )
+    return kept
+
+
 def _set_implementation(model, name: str) -> None:
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
@@ -484,7 +504,8 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
             ``pbs``).
         layers: ``"full"`` (default: every full-attention layer; sliding-window layers stay
             dense), ``"all"`` (every layer; refused if the model has sliding-window layers), or a
-            list of layer indices.
+            list of layer indices. A method knob ``dense_first_layers=N`` (FlashPrefill) then
+            takes the indices below ``N`` out of this selection.
         min_len: prefills shorter than this many tokens stay dense (the stats say so).
         timing: record estimation/attention/forward times (CUDA events: no synchronization).
         measure_error: also run dense attention on every sparse layer's Q/K/V (outside the timed
@@ -534,10 +555,12 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
             raise RuntimeError("this model is already inside a sparse_prefill context")
         sliding = sliding_layers(model, modules)
         layers = _select_layers(self.layers_arg, modules, sliding)
+        dense_first = self.bound.config.get("dense_first_layers", 0)
+        layers = _after_dense_first(layers, dense_first)
         register()
         run = SparsePrefill(
-            model, self.bound, layers, self.min_len, self.timing, sliding, self.measure_error,
-            self.observe,
+            model, self.bound.per_layer(), layers, self.min_len, self.timing, sliding,
+            self.measure_error, self.observe, dense_first,
         )  # fmt: skip
         self._previous = model.config._attn_implementation
         self._hooks = [

@@ -155,7 +155,9 @@ def test_alpha_moves_sparsity_and_nests():
         (dict(alpha=0.1, min_budget=True), r"min_budget must be an int >= 0, got True"),
         (dict(alpha=0.1, scale=-1.0), r"scale"),
         (dict(alpha=0.1, impl="cuda"), r"impl='cuda' is not one of"),
-        (dict(alpha=0.1, mean_correction=True), r"unknown knob.*mean_correction.*valid knobs"),
+        (dict(alpha=0.1, mean_correction="on"), r"mean_correction must be a bool, got 'on'"),
+        (dict(alpha=0.1, dense_first_layers=-4), r"dense_first_layers must be an int >= 0"),
+        (dict(alpha=0.1, use_mean_correction=True), r"unknown knob.*use_mean_correction.*valid"),
     ],
 )
 def test_knobs_are_validated_naming_the_value(knobs, match):

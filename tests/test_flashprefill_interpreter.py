@@ -69,3 +69,62 @@ def test_kernel_refuses_small_tiles(gen):
     with pytest.raises(ValueError, match="block_size must be a power of two >= 16.*got 8"):
         flashprefill_select(q, k, block_size=8, scale=0.25, alpha=0.1, sink_blocks=2,
                             local_blocks=4, dense_tail_tiles=2)  # fmt: skip
+
+
+# ------------------------------------------------------------------ v2's mean correction
+
+MC_CASES = [  # B, Hq, Hkv, L, D, bs, dtype: GQA 1/4/4, batch 2, L % bs != 0
+    (2, 2, 2, 77, 32, 16, torch.float32),
+    (2, 4, 1, 300, 16, 16, torch.float16),
+    (1, 8, 2, 150, 16, 32, torch.float16),
+]
+PRUNE = dict(sink_blocks=0, local_blocks=1, dense_tail_tiles=1)
+
+
+def _tol(ref: torch.Tensor) -> float:
+    """The reference's own error: one rounding of its output to the input dtype (fp32: its sums
+    in another order, ~1e-6 relative)."""
+    eps = 1e-6 if ref.dtype == torch.float32 else torch.finfo(ref.dtype).eps
+    return eps * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,L,D,bs,dtype", MC_CASES)
+def test_mean_correction_triton_path_equals_reference(B, Hq, Hkv, L, D, bs, dtype, gen):
+    q, k, v = _qkv(B, Hq, Hkv, L, D, dtype, gen)
+    q = (q.float() * 0.3).to(dtype)  # small logits: pruned blocks carry mass
+    m = s2o.METHODS["flashprefill"]
+    knobs = {**m.defaults, "alpha": 1.0, "block_size": bs, **PRUNE, "mean_correction": True}
+    plan = m.estimate(q, k, v, **{**knobs, "impl": "triton"})
+    assert bool(fp.correction_blocks(plan.mask).any()), "no pruned block: nothing to test"
+    got, stats = m.attend(q, k, v, plan, **{**knobs, "impl": "triton"})
+    ref = fp.mean_corrected_reference(q, k, v, plan, None)
+    err, tol = float((got.float() - ref.float()).abs().max()), _tol(ref)
+    assert got.dtype == dtype and err <= tol, f"max error {err:.3e} > tolerance {tol:.3e}"
+    plain, _ = m.attend(q, k, v, plan, **{**knobs, "impl": "triton", "mean_correction": False})
+    moved = float((plain.float() - ref.float()).abs().max())
+    assert moved > 100 * tol, f"the correction changed the output by {moved:.3e} only"
+    assert torch.equal(stats.tiles_processed, fp.plan_stats(plan, L).tiles_processed)
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,L,D,bs,dtype", MC_CASES)
+def test_block_sparse_kernel_lse(B, Hq, Hkv, L, D, bs, dtype, gen):
+    """The row log-sum-exp the correction merges with: torch.logsumexp of the plan's logits; the
+    output is the same bits with or without it."""
+    from s2o.kernels.block_sparse import block_sparse_attention, mask_to_lists
+    from s2o.methods.blocksparse import grouped_scores, visible_keys
+
+    q, k, v = _qkv(B, Hq, Hkv, L, D, dtype, gen)
+    plan = fp.flashprefill_plan(q, k, alpha=0.9, block_size=bs, min_budget=0, scale=None, **PRUNE)
+    idx, cnt = mask_to_lists(plan.mask)
+    plain = torch.full_like(q, float("nan"))
+    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=plain)
+    out, lse = torch.full_like(q, float("nan")), torch.full((B, Hq, L), float("nan"))
+    block_sparse_attention(q, k, v, idx, cnt, block_size=bs, out=out, lse=lse)
+    assert torch.equal(out, plain), "asking for the LSE changed the output"
+    rows = torch.arange(L)
+    s = grouped_scores(q.float(), k.float(), D**-0.5)
+    want = torch.logsumexp(s.masked_fill(~visible_keys(plan, rows, L), float("-inf")), -1)
+    err = float((lse - want).abs().max())
+    assert err < 1e-5, f"lse differs by {err:.3e}"
+    with pytest.raises(ValueError, match=r"lse must be a float32 tensor of shape"):
+        block_sparse_attention(q, k, v, idx, cnt, block_size=bs, lse=lse.half())

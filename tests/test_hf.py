@@ -140,6 +140,24 @@ def test_layer_selection():
         sparse_prefill(model, "s2o", layers=[7]).__enter__()
     with pytest.raises(ValueError, match="layers"):
         sparse_prefill(model, "s2o", layers="most").__enter__()
+
+
+def test_dense_first_layers_keeps_the_first_layers_dense():
+    """FlashPrefill v2's dense_first_layers=N: attention layers with index < N run dense SDPA
+    (the stats say why), the rest run the method; N covering every selected layer is refused."""
+    model, ids = _tiny("gemma3"), _ids(200)  # full-attention layers 1 and 3
+    knobs = dict(KNOBS["flashprefill"], dense_first_layers=2)
+    with torch.no_grad(), sparse_prefill(model, "flashprefill", **knobs) as run:
+        model(ids)
+    st = run.stats
+    assert st.sparse_layers == [3]
+    assert {s.layer: s.reason for s in st.layers if not s.sparse} == {
+        0: "sliding window 48", 1: "dense first layers (dense_first_layers=2)",
+        2: "sliding window 48",
+    }  # fmt: skip
+    assert st.knobs["dense_first_layers"] == 2
+    with pytest.raises(ValueError, match=r"dense_first_layers=4 keeps every selected layer"):
+        sparse_prefill(model, "flashprefill", **dict(knobs, dense_first_layers=4)).__enter__()
     assert model.config._attn_implementation == "sdpa"
 
 

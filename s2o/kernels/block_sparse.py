@@ -124,12 +124,13 @@ def _bsa_part(
 
 @triton.jit
 def _bsa_fwd_kernel(
-    Q, K, V, K_desc, V_desc, O, KV_IDX, KV_CNT, PERM,
+    Q, K, V, K_desc, V_desc, O, LSE, KV_IDX, KV_CNT, PERM,
     qk_scale, seq_len, num_q_blocks, heads_q, group,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
     sob, soh, som, sod,
+    slb, slh, slm,
     sib, sih, sim, sik,
     scb, sch, scm,
     spb, sph, spn,
@@ -141,6 +142,7 @@ def _bsa_fwd_kernel(
     SUB: tl.constexpr,
     CAUSAL: tl.constexpr,
     MASK_ALL: tl.constexpr,
+    STORE_LSE: tl.constexpr,
 ):  # fmt: skip
     qb = num_q_blocks - 1 - tl.program_id(0)  # longest rows first
     bh = tl.program_id(1)
@@ -210,6 +212,10 @@ def _bsa_fwd_kernel(
     out = acc / l_safe[:, None]
     o_ptrs = O + b * sob + h * soh + offs_m.to(tl.int64)[:, None] * som + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_m[:, None] < seq_len)
+    if STORE_LSE:  # natural-log LSE of the computed logits (m_i is in log2 units); -inf: no key
+        lse = tl.where(l_i > 0, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+        lse_ptrs = LSE + b * slb + h * slh + offs_m.to(tl.int64) * slm
+        tl.store(lse_ptrs, lse, mask=offs_m < seq_len)
 
 
 def block_sparse_attention(
@@ -227,6 +233,7 @@ def block_sparse_attention(
     causal: bool = True,
     launch: Launch | None = None,
     descriptors: bool | None = None,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Block-sparse attention with square ``block_size`` tiles, causal or not.
 
@@ -248,6 +255,9 @@ def block_sparse_attention(
         causal: False: no causal mask; the listed blocks (and PBS's whole own segment) only.
         launch: :class:`~s2o.kernels.launch.Launch` (None fields: defaults for the head size).
         descriptors: TMA loads of the contiguous tiles (None: automatic; never for PBS's list).
+        lse: optional ``[B, Hq, L]`` fp32, filled with each row's natural-log log-sum-exp of the
+            scaled logits it computed (``-inf`` for a row that saw no key), for merging another
+            softmax term (FlashPrefill v2's mean correction); ``None``: not computed.
     Returns:
         ``[B, Hq, L, D]`` in q's dtype.
     """
@@ -274,15 +284,21 @@ def block_sparse_attention(
     if out is None:
         out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if lse is not None and (lse.shape != (B, Hq, L) or lse.dtype != torch.float32):
+        raise ValueError(
+            f"lse must be a float32 tensor of shape {(B, Hq, L)}, got {lse.dtype} "
+            f"{tuple(lse.shape)}"
+        )
+    lse_arg, lse_strides = (lse, lse.stride()) if lse is not None else (out, (0, 0, 0))
     sub, cfg = resolve_launch("block_sparse", launch, head_d=D, block_n=block_size, device=q.device)
     perm_strides = (perm.stride(0), perm.stride(1), perm.stride(2)) if permuted else (0, 0, 0)
     # PBS (permuted) gathers its listed blocks through the permutation; with descriptors for
     # its own-segment band alone it ran 2% slower at 64K-128K on an H200 (results/baselines)
     descs, use_desc = kernel_kv_args(k, v, sub, False if permuted else descriptors)
     _bsa_fwd_kernel[(nq, B * Hq)](
-        q, k, v, *descs, out, kv_idx, kv_count, perm,
+        q, k, v, *descs, out, lse_arg, kv_idx, kv_count, perm,
         scale * LOG2E, L, nq, Hq, Hq // Hkv,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse_strides,
         *kv_idx.stride(), *kv_count.stride(), *perm_strides,
         HEAD_DIM=D,
         BLOCK=block_size,
@@ -292,6 +308,7 @@ def block_sparse_attention(
         SUB=sub,
         CAUSAL=bool(causal),
         MASK_ALL=not causal,
+        STORE_LSE=lse is not None,
         **cfg,
     )  # fmt: skip
     return out

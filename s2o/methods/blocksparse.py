@@ -223,24 +223,32 @@ def check_fraction(name: str, value) -> float:
 
 def register_block_sparse(
     name, plan_fn, *, defaults, main_knob, check, plan_takes_impl=False,
-    sparsity_increases_with_knob=False,
+    sparsity_increases_with_knob=False, attend_fn=None, attend_knobs=(), layer_knobs=(),
 ):  # fmt: skip
     """Register a block-sparse method: ``estimate`` builds its plan, ``attend`` is shared.
 
     Every such method also takes ``launch`` (the block-sparse kernel's Triton launch settings,
     ``{num_warps, num_stages, sub_n}``; ``None``: defaults for the head size and GPU).
     ``plan_fn(q, k, **knobs) -> BlockPlan`` gets every knob but ``impl`` and ``launch`` (unless
-    ``plan_takes_impl``, for estimators with a GPU kernel of their own). Raising the main knob
-    (a cumulative-mass threshold or budget) keeps more blocks, so sparsity falls with it, unless
-    ``sparsity_increases_with_knob`` (FlashPrefill's alpha, a fraction of the row's best score).
+    ``plan_takes_impl``, for estimators with a GPU kernel of their own), ``attend_knobs`` and
+    ``layer_knobs``. Raising the main knob (a cumulative-mass threshold or budget) keeps more
+    blocks, so sparsity falls with it, unless ``sparsity_increases_with_knob`` (FlashPrefill's
+    alpha, a fraction of the row's best score). ``attend_fn(q, k, v, plan, *, scale, impl,
+    launch, **attend_knobs)`` replaces :func:`attend` (FlashPrefill's mean correction);
+    ``layer_knobs``: see :class:`~s2o.methods.registry.Method`.
     """
+    not_plan = set(attend_knobs) | set(layer_knobs)
 
     def estimate(q, k, v, *, impl, launch, **knobs):
         extra = {"impl": impl} if plan_takes_impl else {}
+        knobs = {key: val for key, val in knobs.items() if key not in not_plan}
         return finish_plan(plan_fn(q, k, **extra, **knobs), impl, q.device)
 
-    def attend_plan(q, k, v, plan, *, scale, impl, launch, **_):
-        return attend(q, k, v, plan, scale=scale, impl=impl, launch=launch)
+    def attend_plan(q, k, v, plan, *, scale, impl, launch, **knobs):
+        if attend_fn is None:
+            return attend(q, k, v, plan, scale=scale, impl=impl, launch=launch)
+        mine = {key: knobs[key] for key in attend_knobs}
+        return attend_fn(q, k, v, plan, scale=scale, impl=impl, launch=launch, **mine)
 
     def check_all(*, launch, **knobs):
         check_settings("launch", launch)
@@ -255,5 +263,6 @@ def register_block_sparse(
         sparsity_increases_with_knob=sparsity_increases_with_knob,
         check=check_all,
         coverage=lambda plan, stats, rows, seq_len, **_: visible_keys(plan, rows, seq_len),
+        layer_knobs=tuple(layer_knobs),
     )
     return register(method)

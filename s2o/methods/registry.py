@@ -35,6 +35,11 @@ class Method:
         coverage: ``(plan, stats, rows [R], seq_len, **knobs) -> [B, Hq, R, L]`` bool, the keys
             the method computed for the query positions ``rows`` in the call that made
             ``plan`` and ``stats`` (evidence recall, ``eval/evidence.py``); ``None``: unknown.
+        layer_knobs: knobs that choose which layers of a model run the method (FlashPrefill v2's
+            ``dense_first_layers``). Only the model plug-in (``s2o.hf.sparse_prefill``) knows a
+            layer's index: it reads them and calls the method per layer with them at their
+            defaults; a per-call use (an operator run, :func:`sparse_attention`) with another
+            value is refused, never ignored.
     """
 
     name: str
@@ -46,6 +51,7 @@ class Method:
     check: Callable[..., None] = field(default=lambda **_: None)
     prepare: Callable[..., dict[str, Any]] = field(default=lambda **knobs: knobs)
     coverage: Callable[..., torch.Tensor] | None = None
+    layer_knobs: tuple[str, ...] = ()
 
     def bind(self, **knobs) -> BoundMethod:
         """Validate ``knobs`` once and return a callable ``(q, k, v) -> (out, stats)``."""
@@ -86,6 +92,12 @@ class BoundMethod:
     def name(self) -> str:
         return self.method.name
 
+    def per_layer(self) -> BoundMethod:
+        """This bound method as a model plug-in calls it on one chosen layer: its layer knobs
+        (see :class:`Method`) at their defaults; ``config`` keeps the values given."""
+        knobs = {**self.knobs, **{k: self.method.defaults[k] for k in self.method.layer_knobs}}
+        return BoundMethod(self.method, MappingProxyType(knobs), self.config)
+
     def _knobs(self, scale: float | None) -> Mapping[str, Any]:
         if scale is None:
             return self.knobs
@@ -94,6 +106,7 @@ class BoundMethod:
     def estimate(self, q, k, v, *, scale: float | None = None) -> Any:
         """The method's plan (Step 1 for S2O, the block pattern for the baselines)."""
         check_qkv(q, k, v)
+        check_no_layer_knobs(self.method, self.knobs)
         if "impl" in self.knobs:
             from ..api import resolve_impl
 
@@ -146,7 +159,21 @@ def resolve_knobs(method: str, knobs: dict[str, Any]) -> tuple[Method, dict[str,
     """The method and its full knob dict (defaults overridden by ``knobs``), validated and
     normalized: what ``m.estimate``/``m.attend`` take."""
     m = _lookup(method)
-    return m, m.prepare(**m.validate(knobs))
+    full = m.validate(knobs)
+    check_no_layer_knobs(m, full)
+    return m, m.prepare(**full)
+
+
+def check_no_layer_knobs(method: Method, knobs: Mapping[str, Any]) -> None:
+    """``ValueError`` if a layer knob (see :class:`Method`) is set away from its default in a
+    per-call use, where no layer index exists to apply it to."""
+    for key in method.layer_knobs:
+        if knobs.get(key, method.defaults[key]) != method.defaults[key]:
+            raise ValueError(
+                f"{key}={knobs[key]!r} chooses which layers of a model run {method.name!r}: it "
+                f"takes effect in s2o.hf.sparse_prefill (kind=accuracy, e2e); a single attention "
+                f"call has no layer index, so leave it at {method.defaults[key]!r} here"
+            )
 
 
 def _now_ms(device: torch.device) -> float:
