@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -34,66 +33,13 @@ from analysis import (
     plot_mse_vs_sparsity,
     retrieval_diagnosis,
 )
+from analysis.e2e_table import breakdown, model_label, random_weights
+from analysis.inputs import calibrated, input_label, mistokenized
 from analysis.plotting import save, setup
 from analysis.records import HERE, MANIFEST, device_label, paper_numbers, rel_path
-from analysis.sections import Section
+from analysis.sections import BASELINES, Ctx, Section, missing_baselines
 from analysis.tables import markdown
-from eval.tokenizers import faulty_tokenizer
 
-
-@dataclass
-class Ctx:
-    results: Path
-    out: Path
-    manifest: dict
-    paper: dict
-
-    def record(self, key: str) -> tuple[dict | list | None, str | None]:
-        """``(parsed JSON, path relative to the repo)`` of ``records.<key>`` (dotted), or Nones."""
-        node = self.manifest.get("records") or {}
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is None or not (self.results / node).is_file():
-            return None, None
-        return json.loads((self.results / node).read_text()), f"results/{node}"
-
-    def experiment(self, name: str) -> dict | None:
-        """The ok record pinned for experiment ``name`` (``experiments.<name>``), or None."""
-        rel = (self.manifest.get("experiments") or {}).get(name)
-        if rel is None or not (self.results / rel).is_file():
-            return None
-        rec = json.loads((self.results / rel).read_text())
-        if rec.get("status") != "ok":
-            return None
-        rec["_path"] = f"results/{rel}"
-        return rec
-
-
-# ---------------------------------------------------------------- Fig. 1 and Fig. 4c (e2e records)
-
-
-def _random(rec: dict) -> bool:
-    m = rec["metrics"]
-    return "random" in str(m.get("weights", "")) or "random" in str(m["model"])
-
-
-def _model(rec: dict, name: str | None = None) -> str:
-    """The model's name (the manifest key, else the record's), RANDOM WEIGHTS in capitals when
-    it has them, else the trained weights and the text."""
-    name = name or str(rec["metrics"]["model"]).replace(" (random weights)", "")
-    if _random(rec):
-        return f"{name}: RANDOM WEIGHTS"
-    return f"{name} (trained weights, {rec['metrics'].get('text')})"
-
-
-def _e2e_frame(rec: dict) -> pd.DataFrame:
-    df = pd.DataFrame(rec["metrics"]["rows"])
-    df["attention_ms"] = df["sparse_attention_ms"] + df["dense_attention_ms"]
-    return df
-
-
-# the baselines every artifact that compares methods should hold (S2O and Full besides)
-BASELINES = ("flexprefill", "xattn", "pbs", "flashprefill")
 FIG1_COMMAND = (
     "`python run.py kind=e2e model=llama31_8b model.weights=random 'e2e.lengths=[131072]' "
     "'e2e.methods=[flexprefill,xattn,pbs,flashprefill]'`"
@@ -104,14 +50,6 @@ TTFT_COMMAND = (
     f"`python run.py kind=e2e model=qwen25_coder_1p5b model.yarn=true "
     f"'e2e.lengths=[65536,131072]' {TTFT_METHODS}`"
 )
-
-
-def _missing_baselines(sec: Section, have: set[str], where: str, how: str) -> None:
-    """A missing-records line for each baseline of :data:`BASELINES` that ``where`` lacks (the
-    records were made before it joined), never a number in its place."""
-    for m in BASELINES:
-        if m not in have:
-            sec.missing_line(f"{m} in {where}", how)
 
 
 def fig1(ctx: Ctx) -> Section:
@@ -127,9 +65,9 @@ def fig1(ctx: Ctx) -> Section:
             f"{FIG1_COMMAND} (GPU)",
         )
         return sec
-    _missing_baselines(sec, set(_e2e_frame(rec)["label"]), "the kind=e2e record of llama31_8b",
-                       f"{FIG1_COMMAND} (GPU; every method again, one record)")  # fmt: skip
-    df = _e2e_frame(rec)
+    missing_baselines(sec, set(breakdown(rec)["label"]), "the kind=e2e record of llama31_8b",
+                      f"{FIG1_COMMAND} (GPU; every method again, one record)")  # fmt: skip
+    df = breakdown(rec)
     df = df[df["L"] == df["L"].max()].reset_index(drop=True)
     L = int(df["L"].iloc[0])
     plt = setup()
@@ -156,7 +94,7 @@ def fig1(ctx: Ctx) -> Section:
     ax.invert_yaxis()
     ax.set_xlim(0, max(left) * 1.45)
     ax.set_xlabel("prefill time (s)")
-    ax.set_title(f"{_model(rec)}, L={L}, {device_label(rec['environment'])}", fontsize=8)
+    ax.set_title(f"{model_label(rec)}, L={L}, {device_label(rec['environment'])}", fontsize=8)
     ax.legend(fontsize=7, loc="upper right")
     sec.files.append(save(fig, ctx.out / "fig1_speedup_128k.png"))
     cols = {
@@ -216,7 +154,7 @@ def fig4c(ctx: Ctx) -> Section:
     for ax in axes.flat[len(found) :]:
         ax.set_visible(False)
     for ax, (model, rec, path) in zip(axes.flat, found):
-        df = _e2e_frame(rec)
+        df = breakdown(rec)
         df = df[df["label"].isin(["full_flash", "full_cudnn", "s2o"])]
         df["attn_total_ms"] = df["estimate_ms"] + df["attention_ms"]
         lengths = sorted(df["L"].unique())
@@ -236,7 +174,7 @@ def fig4c(ctx: Ctx) -> Section:
             ax.bar(x, rest, width, bottom=attn, color=color, alpha=0.35, label=f"{short}: rest")
         ax.set_xticks(range(len(lengths)), [f"{int(v) // 1024}K" for v in lengths])
         ax.set_ylabel("prefill time / SDPA flash prefill time")
-        ax.set_title(f"{_model(rec, model)}, {device_label(rec['environment'])}", fontsize=8)
+        ax.set_title(f"{model_label(rec, model)}, {device_label(rec['environment'])}", fontsize=8)
         ax.set_ylim(0, top * 1.6)
         ax.legend(fontsize=6, ncol=2, loc="upper left")
         sec.sources.append(
@@ -246,11 +184,11 @@ def fig4c(ctx: Ctx) -> Section:
     sec.files.append(save(fig, ctx.out / "fig4c_e2e_breakdown.png"))
     rows = []
     for model, rec, _ in found:
-        df = _e2e_frame(rec)
+        df = breakdown(rec)
         for _, r in df[df["label"] == "s2o"].iterrows():
             rows.append(
                 {
-                    "model": model + (" (random weights)" if _random(rec) else " (trained)"),
+                    "model": model + (" (random weights)" if random_weights(rec) else " (trained)"),
                     "L": int(r["L"]),
                     "S2O density": r["density"],
                     "S2O total ms": r["total_ms"],
@@ -301,8 +239,8 @@ def ttft(ctx: Ctx) -> Section:
         )
         return sec
     labels = {r["label"].split("_")[0] for rec in recs for r in rec["metrics"]["rows"]}
-    _missing_baselines(sec, labels, "the pinned kind=e2e records of qwen25_coder_1p5b",
-                       f"{TTFT_COMMAND} (GPU; every configuration again, new records)")  # fmt: skip
+    missing_baselines(sec, labels, "the pinned kind=e2e records of qwen25_coder_1p5b",
+                      f"{TTFT_COMMAND} (GPU; every configuration again, new records)")  # fmt: skip
     df = e2e_table.ttft_frame(recs)
     env = recs[0]["environment"]
     title = f"Qwen2.5-Coder-1.5B-Instruct, {device_label(env)}"
@@ -366,42 +304,6 @@ def _fig4a_table(rec: dict) -> pd.DataFrame | None:
     return out
 
 
-def _calibrated(ctx: Ctx, data: dict) -> bool:
-    """Whether a synthetic record's knobs are those of the pinned calibration fit
-    (``records.calibration_fit``): the calibrated input, not the generator's defaults."""
-    fit, _ = ctx.record("calibration_fit")
-    return bool(fit) and all(data.get(k) == v for k, v in fit["knobs"].items())
-
-
-def _mistokenized(rec: dict) -> str:
-    """A captured-attention record whose text went through a GGUF tokenizer that its transformers
-    release built wrong (eval/tokenizers.py), said where the record is described."""
-    model = rec["config"].get("model") or {}
-    why = faulty_tokenizer(model.get("gguf_file"), rec["environment"].get("transformers"))
-    if why is None:
-        return ""
-    version = rec["environment"]["transformers"]
-    return (
-        f"; its text was mis-tokenized (transformers {version}: no SentencePiece merges, no BOS), "
-        "to be re-captured"
-    )
-
-
-def _input(ctx: Ctx, rec: dict) -> str:
-    """A record's input for the Differs notes: which model's captured attention, or which
-    synthetic input (the calibrated one, or its knobs)."""
-    data = rec["config"]["data"]
-    if data["source"] == "model":
-        name = rec["config"]["model"]["name"]
-        return f"{name}'s captured attention ({data['text']}, L={data['L']}){_mistokenized(rec)}"
-    if _calibrated(ctx, data):
-        return f"the calibrated synthetic input (L={data['L']})"
-    return (
-        f"the synthetic generator with knobs other than the calibration fit's (sink "
-        f"{data['sink']}, background {data['background']}), L={data['L']}"
-    )
-
-
 def _fig4a_input(ctx: Ctx, rec: dict) -> str:
     """What the record's operator ran on, from its config."""
     data = rec["config"]["data"]
@@ -410,9 +312,9 @@ def _fig4a_input(ctx: Ctx, rec: dict) -> str:
         layers = data.get("layers") or rec["config"]["model"].get("capture_layers")
         return (
             f"{rec['config']['model']['name']}'s captured attention (text {data['text']}, "
-            f"layers {layers}, L={data['L']}){_mistokenized(rec)}"
+            f"layers {layers}, L={data['L']}){mistokenized(rec)}"
         )
-    kind = "calibrated synthetic" if _calibrated(ctx, data) else "synthetic (uncalibrated knobs)"
+    kind = "calibrated synthetic" if calibrated(ctx, data) else "synthetic (uncalibrated knobs)"
     return f"{kind} input (`eval/synthetic.py`), L={data['L']}"
 
 
@@ -424,7 +326,7 @@ def _fig4a_differs(ctx: Ctx, rec: dict, df: pd.DataFrame | None) -> str:
         if ratios
         else "no target reached by S2O and a baseline"
     )
-    return f"- {_input(ctx, rec)} on {device_label(rec['environment'])}: {got}."
+    return f"- {input_label(ctx, rec)} on {device_label(rec['environment'])}: {got}."
 
 
 def fig4a(ctx: Ctx) -> Section:
@@ -437,9 +339,9 @@ def fig4a(ctx: Ctx) -> Section:
         if rec is None:
             sec.missing_line(f"the kind=matched record of experiment={name}", how)
             continue
-        _missing_baselines(sec, set(rec["metrics"]["methods"]),
-                           f"the kind=matched record of experiment={name}",
-                           f"{how}; every method again, one record")  # fmt: skip
+        missing_baselines(sec, set(rec["metrics"]["methods"]),
+                          f"the kind=matched record of experiment={name}",
+                          f"{how}; every method again, one record")  # fmt: skip
         out = ctx.out / f"{name}.png"
         plot_mse_vs_sparsity.plot(rec, out)
         sec.files.append(out.name)
@@ -545,7 +447,7 @@ def fig4b(ctx: Ctx) -> Section:
     rec0 = found["s2o"][0]
     ax.set_ylabel(f"ms, one layer, L={rec0['config']['data']['L']}")
     ax.set_ylim(0, df["total ms"].max() * 1.35)
-    cal = "CALIBRATED " if _calibrated(ctx, rec0["config"]["data"]) else ""
+    cal = "CALIBRATED " if calibrated(ctx, rec0["config"]["data"]) else ""
     ax.set_title(f"{cal}{_data(rec0)}, {device_label(rec0['environment'])}", fontsize=7)
     ax.legend(fontsize=6, loc="upper right")
     sec.files.append(save(fig, ctx.out / "fig4b_attention_speedup.png"))
@@ -596,7 +498,7 @@ def _fig4b_differs(ctx: Ctx, rec0: dict, df: pd.DataFrame) -> str:
         else ""
     )
     return (
-        f"**Differs:** {_input(ctx, rec0)}, not Llama-3.1-8B's attention; "
+        f"**Differs:** {input_label(ctx, rec0)}, not Llama-3.1-8B's attention; "
         f"{device_label(rec0['environment'])}, not an A100.{spread}"
     )
 
@@ -754,7 +656,7 @@ def ablations(ctx: Ctx) -> Section:
 def _ablations_differs(ctx: Ctx, recs: dict) -> str:
     """The ablations' note, from the pinned records: what each table ran on, and where."""
     lines = sorted(
-        {f"{_input(ctx, r)} on {device_label(r['environment'])}" for r in recs.values() if r}
+        {f"{input_label(ctx, r)} on {device_label(r['environment'])}" for r in recs.values() if r}
     )
     return (
         "**Differs:** the paper ran Qwen3-8B's attention at 128K (one representative head in the "
