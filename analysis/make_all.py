@@ -14,7 +14,6 @@ give the same bytes (fixed matplotlib settings, no time stamps, no software vers
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,244 +25,20 @@ from analysis import (
     accuracy_tables,
     bench_sections,
     calibration_check,
-    e2e_table,
+    fig1,
+    fig4c,
     fig5_bsa,
     heatmaps,
     loop_speed,
     plot_mse_vs_sparsity,
     retrieval_diagnosis,
+    ttft,
 )
-from analysis.e2e_table import breakdown, model_label, random_weights
 from analysis.inputs import calibrated, input_label, mistokenized
 from analysis.plotting import save, setup
 from analysis.records import HERE, MANIFEST, device_label, paper_numbers, rel_path
 from analysis.sections import BASELINES, Ctx, Section, missing_baselines
 from analysis.tables import markdown
-
-FIG1_COMMAND = (
-    "`python run.py kind=e2e model=llama31_8b model.weights=random 'e2e.lengths=[131072]' "
-    "'e2e.methods=[flexprefill,xattn,pbs,flashprefill]'`"
-)
-TTFT_METHODS = "'e2e.methods=[{name:s2o,tau:0.02},flexprefill,xattn,pbs,flashprefill]'"
-TTFT_COMMAND = (
-    f"`python run.py kind=e2e model=qwen25_coder_1p5b 'e2e.lengths=[32768]' {TTFT_METHODS}` and "
-    f"`python run.py kind=e2e model=qwen25_coder_1p5b model.yarn=true "
-    f"'e2e.lengths=[65536,131072]' {TTFT_METHODS}`"
-)
-
-
-def fig1(ctx: Ctx) -> Section:
-    sec = Section(
-        "fig1",
-        "Fig. 1: speedup at 128K over FlashAttention, with its breakdown",
-        "Fig. 1 (Llama-3-8B, 128K, A100)",
-    )
-    rec, path = ctx.record("e2e.llama31_8b")
-    if rec is None:
-        sec.missing_line(
-            "a kind=e2e record of llama31_8b (records.e2e.llama31_8b)",
-            f"{FIG1_COMMAND} (GPU)",
-        )
-        return sec
-    missing_baselines(sec, set(breakdown(rec)["label"]), "the kind=e2e record of llama31_8b",
-                      f"{FIG1_COMMAND} (GPU; every method again, one record)")  # fmt: skip
-    df = breakdown(rec)
-    df = df[df["L"] == df["L"].max()].reset_index(drop=True)
-    L = int(df["L"].iloc[0])
-    plt = setup()
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    y = range(len(df))
-    left = [0.0] * len(df)
-    for col, color, label in (
-        ("estimate_ms", "#9ecae1", "preprocessing (estimation)"),
-        ("attention_ms", "#08519c", "attention"),
-        ("rest_ms", "#bdbdbd", "rest of the model"),
-    ):
-        vals = (df[col] / 1e3).tolist()
-        ax.barh(list(y), vals, left=left, color=color, label=label)
-        left = [a + b for a, b in zip(left, vals)]
-    for i, r in df.iterrows():
-        ax.text(
-            left[i] * 1.01,
-            i,
-            f"{r['speedup_vs_flash']:.2f}x, density {r['density']:.2f}",
-            va="center",
-            fontsize=7,
-        )
-    ax.set_yticks(list(y), df["label"].tolist())
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(left) * 1.45)
-    ax.set_xlabel("prefill time (s)")
-    ax.set_title(f"{model_label(rec)}, L={L}, {device_label(rec['environment'])}", fontsize=8)
-    ax.legend(fontsize=7, loc="upper right")
-    sec.files.append(save(fig, ctx.out / "fig1_speedup_128k.png"))
-    cols = {
-        "label": "config",
-        "density": "density",
-        "estimate_ms": "estimate ms",
-        "attention_ms": "attention ms",
-        "rest_ms": "rest ms",
-        "total_ms": "total ms",
-        "speedup_vs_flash": "vs flash",
-        "speedup_vs_cudnn": "vs cuDNN",
-    }
-    table = df[list(cols)].rename(columns=cols)
-    fmt = {c: ".1f" for c in ("estimate ms", "attention ms", "rest ms", "total ms")}
-    fmt.update({"density": ".3f", "vs flash": ".2f", "vs cuDNN": ".2f"})
-    p = ctx.paper["claims"]
-    sec.body += [
-        markdown(table, fmt),
-        "",
-        f"Paper: S2O {p['e2e_speedup_128k']}x end to end and {p['attention_speedup_128k']}x "
-        "attention over FlashAttention at 128K (trained Llama-3.1-8B, A100, its own sparsity); "
-        "the figure's bar values are not in the paper's text.",
-        "**Differs:** random weights and random token ids (the densities say nothing about a "
-        "trained model: near-uniform attention, so S2O keeps 55% of the tiles, where the paper "
-        "reports sparsity 0.877 (Qwen3-8B, tau 0.005, ablation table) to 0.932 (Llama-3.1-8B, "
-        "RULER 128K) for trained models); H100 instead of A100; no MSE (an e2e record has no "
-        "dense reference output per layer).",
-    ]
-    sec.sources.append(
-        f"`{path}` ({device_label(rec['environment'])}, git "
-        f"{rec['environment']['git_revision'][:7]})"
-    )
-    return sec
-
-
-def fig4c(ctx: Ctx) -> Section:
-    sec = Section(
-        "fig4c",
-        "Fig. 4c: end-to-end prefill breakdown across lengths",
-        "Fig. 4c (Llama-3.1-8B, A100)",
-    )
-    found = []
-    for model in ("llama31_8b", "qwen3_8b", "gemma3_270m", "smollm2_135m"):
-        rec, path = ctx.record(f"e2e.{model}")
-        if rec is not None:
-            found.append((model, rec, path))
-    if not found:
-        sec.missing_line(
-            "kind=e2e records (records.e2e.*)",
-            "`python run.py kind=e2e model=llama31_8b model.weights=random` (GPU)",
-        )
-        return sec
-    plt = setup()
-    ncol = min(2, len(found))
-    nrow = -(-len(found) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5.6 * ncol, 3.6 * nrow), squeeze=False)
-    for ax in axes.flat[len(found) :]:
-        ax.set_visible(False)
-    for ax, (model, rec, path) in zip(axes.flat, found):
-        df = breakdown(rec)
-        df = df[df["label"].isin(["full_flash", "full_cudnn", "s2o"])]
-        df["attn_total_ms"] = df["estimate_ms"] + df["attention_ms"]
-        lengths = sorted(df["L"].unique())
-        labels = ["full_flash", "full_cudnn", "s2o"]
-        width = 0.26
-        top = 1.0
-        for j, lab in enumerate(labels):
-            sub = df[df["label"] == lab].set_index("L").reindex(lengths)
-            x = [i + (j - 1) * width for i in range(len(lengths))]
-            flash = df[df["label"] == "full_flash"].set_index("L").reindex(lengths)["total_ms"]
-            attn = (sub["attn_total_ms"] / flash).tolist()
-            rest = (sub["rest_ms"] / flash).tolist()
-            top = max([top] + [a + b for a, b in zip(attn, rest)])
-            color = ("#636363", "#3182bd", "#e6550d")[j]
-            short = {"full_flash": "flash", "full_cudnn": "cuDNN", "s2o": "S2O"}[lab]
-            ax.bar(x, attn, width, color=color, label=f"{short}: attention+estimation")
-            ax.bar(x, rest, width, bottom=attn, color=color, alpha=0.35, label=f"{short}: rest")
-        ax.set_xticks(range(len(lengths)), [f"{int(v) // 1024}K" for v in lengths])
-        ax.set_ylabel("prefill time / SDPA flash prefill time")
-        ax.set_title(f"{model_label(rec, model)}, {device_label(rec['environment'])}", fontsize=8)
-        ax.set_ylim(0, top * 1.6)
-        ax.legend(fontsize=6, ncol=2, loc="upper left")
-        sec.sources.append(
-            f"`{path}` ({device_label(rec['environment'])}, git "
-            f"{rec['environment']['git_revision'][:7]})"
-        )
-    sec.files.append(save(fig, ctx.out / "fig4c_e2e_breakdown.png"))
-    rows = []
-    for model, rec, _ in found:
-        df = breakdown(rec)
-        for _, r in df[df["label"] == "s2o"].iterrows():
-            rows.append(
-                {
-                    "model": model + (" (random weights)" if random_weights(rec) else " (trained)"),
-                    "L": int(r["L"]),
-                    "S2O density": r["density"],
-                    "S2O total ms": r["total_ms"],
-                    "S2O vs flash": r["speedup_vs_flash"],
-                    "S2O vs cuDNN": r["speedup_vs_cudnn"],
-                    "bound vs flash": r["attention_bound_vs_flash"],
-                }
-            )
-    fmt = {
-        "S2O density": ".3f",
-        "S2O total ms": ".1f",
-        "S2O vs flash": ".2f",
-        "S2O vs cuDNN": ".2f",
-        "bound vs flash": ".2f",
-    }
-    sec.body += [
-        markdown(pd.DataFrame(rows), fmt),
-        "",
-        f"Paper: {ctx.paper['claims']['e2e_speedup_128k']}x end to end at 128K (trained "
-        "Llama-3.1-8B, A100); the per-length bars are not in the paper's text. `bound vs flash`: "
-        "the speedup of a model whose attention took no time at all (no attention-only method "
-        "beats it). Full per-method tables: `results/e2e/README.md`.",
-        "**Differs:** the 8B architectures have random weights and random token ids (densities not "
-        "those of a trained model; one timed prefill per point); Gemma 3 270M and SmolLM2-135M "
-        "have trained weights on the essays, but are small models whose numbers are theirs: "
-        "Gemma's 15 sliding-window layers bound any full-attention method at about 1.05x, and at "
-        "SmolLM2's size every method's estimation costs more than the attention it saves "
-        "(`results/e2e/README.md`). H100, not A100.",
-    ]
-    return sec
-
-
-def ttft(ctx: Ctx) -> Section:
-    """Time to first token on real weights (Qwen2.5-Coder-1.5B-Instruct) against dense SDPA,
-    each sparse method beside its Amdahl bound at its own density."""
-    sec = Section(
-        "ttft",
-        "Time to first token on real weights: Qwen2.5-Coder-1.5B-Instruct, 32K to 128K",
-        "Fig. 1 / Table 3 (Llama-3.1-8B, A100: 3.81x at 128K)",
-    )
-    paths = ((ctx.manifest.get("records") or {}).get("ttft") or {}).get("qwen25_coder_1p5b")
-    recs = [json.loads((ctx.results / p).read_text()) for p in paths or []
-            if (ctx.results / p).is_file()]  # fmt: skip
-    if not recs:
-        sec.missing_line(
-            "kind=e2e records of qwen25_coder_1p5b (records.ttft.qwen25_coder_1p5b: a list)",
-            f"{TTFT_COMMAND} (GPU; docs/models.md, Time to first token)",
-        )
-        return sec
-    labels = {r["label"].split("_")[0] for rec in recs for r in rec["metrics"]["rows"]}
-    missing_baselines(sec, labels, "the pinned kind=e2e records of qwen25_coder_1p5b",
-                      f"{TTFT_COMMAND} (GPU; every configuration again, new records)")  # fmt: skip
-    df = e2e_table.ttft_frame(recs)
-    env = recs[0]["environment"]
-    title = f"Qwen2.5-Coder-1.5B-Instruct, {device_label(env)}"
-    sec.files.append(e2e_table.ttft_figure(df, title, ctx.out / "ttft_qwen25.png"))
-    missed = df[df["target"] == "missed"]
-    sec.body += [
-        markdown(df, e2e_table.TTFT_FORMATS),
-        "",
-        "`vs SDPA`: the stock model's prefill (SDPA's own dispatch, no plug-in) over the "
-        "configuration's, same prompt (Paul Graham's essays), median of 3. `Amdahl bound`: dense "
-        "SDPA's time over (the cuDNN run's non-attention time + density x its attention time): "
-        "what a method with free estimation and a perfect kernel at that density would give. "
-        f"Target: at least {e2e_table.TARGET_SHARE:.0%} of the bound and no slower than dense; "
-        f"{len(df) - len(missed)} of {len(df)} rows meet it. 64K and 128K run with YaRN "
-        "(factor 4 over 32K).",
-        f"**Differs:** a 1.5B model (the paper: Llama-3.1-8B) on {device_label(env)}, not an "
-        "A100; bf16 weights dequantized from the Q4_K_M GGUF at load.",
-    ]
-    sec.sources += [f"`results/{p}` ({device_label(r['environment'])}, git "
-                    f"{r['environment']['git_revision'][:7]})"
-                    for p, r in zip(paths, recs)]  # fmt: skip
-    return sec
-
 
 # ----------------------------------------------------------------------- Fig. 4a, Fig. 4b
 
@@ -673,12 +448,12 @@ def _ablations_differs(ctx: Ctx, recs: dict) -> str:
 
 
 SECTIONS = (
-    fig1,
+    fig1.section,
     heatmaps.section,
     fig4a,
     fig4b,
-    fig4c,
-    ttft,
+    fig4c.section,
+    ttft.section,
     accuracy,
     retrieval_diagnosis.section,
     loop_speed.section,
