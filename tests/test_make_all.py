@@ -231,3 +231,10 @@ def test_calibration_check_table_from_matched_records(tmp_path):
     assert "layer by layer" in text and any("layer0 only" in s for s in sec.sources)
     assert "Other draws" in text and "| seed1 |" in text and "on every pinned draw" in text
     assert any("calibration fit record" in m for m in sec.missing)
+
+
+def test_every_artifact_lives_in_its_own_module():
+    """make_all is the list of sections and the page; each artifact's code is in its own module
+    (docs/architecture.md, step 7), so no section is written inline again."""
+    inline = [make.__name__ for make in make_all.SECTIONS if make.__module__ == make_all.__name__]
+    assert not inline, f"artifacts written inline in make_all.py: {inline}"
