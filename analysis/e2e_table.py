@@ -62,6 +62,27 @@ def table(rec: dict, path: str) -> str:
     return head + "\n\n" + markdown(frame(rec), formats)
 
 
+def random_weights(rec: dict) -> bool:
+    m = rec["metrics"]
+    return "random" in str(m.get("weights", "")) or "random" in str(m["model"])
+
+
+def model_label(rec: dict, name: str | None = None) -> str:
+    """The model's name (the manifest key, else the record's), RANDOM WEIGHTS in capitals when
+    it has them, else the trained weights and the text."""
+    name = name or str(rec["metrics"]["model"]).replace(" (random weights)", "")
+    if random_weights(rec):
+        return f"{name}: RANDOM WEIGHTS"
+    return f"{name} (trained weights, {rec['metrics'].get('text')})"
+
+
+def breakdown(rec: dict) -> pd.DataFrame:
+    """The record's rows, with ``attention_ms``: its sparse and dense attention together."""
+    df = pd.DataFrame(rec["metrics"]["rows"])
+    df["attention_ms"] = df["sparse_attention_ms"] + df["dense_attention_ms"]
+    return df
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+", type=Path)

@@ -128,20 +128,20 @@ def test_device_label_flags_a_shared_gpu():
 
 
 def test_flashprefill_joins_the_pages_as_missing_records_never_a_number():
-    from analysis import make_all
-    from analysis.sections import Section
+    from analysis import fig4b, make_all
+    from analysis.sections import Section, missing_baselines
 
     ctx = make_all.Ctx(ROOT / "results", ROOT / "results/figures", {}, paper_numbers())
-    assert "27.78x at 256K, 1.71x at 4K" in make_all._flashprefill_paper(ctx, 131072)
-    assert "none stands beside a row" in make_all._flashprefill_paper(ctx, 131072)
-    assert "at this figure's L=4096: 1.71x" in make_all._flashprefill_paper(ctx, 4096)
+    assert "27.78x at 256K, 1.71x at 4K" in fig4b._flashprefill_paper(ctx, 131072)
+    assert "none stands beside a row" in fig4b._flashprefill_paper(ctx, 131072)
+    assert "at this figure's L=4096: 1.71x" in fig4b._flashprefill_paper(ctx, 4096)
     sec = Section("x", "x", "x")
-    make_all._missing_baselines(sec, {"s2o", "flexprefill", "xattn", "pbs"}, "the record", "cmd")
+    missing_baselines(sec, {"s2o", "flexprefill", "xattn", "pbs"}, "the record", "cmd")
     assert sec.missing == ["**Missing records:** flashprefill in the record. Produced by: cmd"]
     rec = {"config": {"method_name": "flashprefill",
                       "method": {"alpha": 0.18, "dense_tail_tiles": 2}}}  # fmt: skip
-    assert "flashprefill" in make_all.FIG4B
-    assert make_all._knobs(rec) == "alpha=0.18, dense_tail_tiles=2"
+    assert "flashprefill" in fig4b.FIG4B
+    assert fig4b._knobs(rec) == "alpha=0.18, dense_tail_tiles=2"
     page = (ROOT / "results/figures/README.md").read_text().split("## GPU runs")[0]
     for section in page.split("\n## "):
         if "/flashprefill/" in section:  # the section reads a FlashPrefill record: rows may follow

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from harness_util import ROOT
 
-from analysis import make_all
+from analysis import fig4a, fig4b, make_all
 
 
 def _copy_results(dst: Path) -> Path:
@@ -94,15 +94,15 @@ def test_differs_notes_name_the_input_the_pinned_records_ran_on(tmp_path, monkey
         manifest = yaml.safe_load((results / "manifest.yaml").read_text())
         return make_all.Ctx(results, tmp_path / "out", manifest, make_all.paper_numbers())
 
-    text = "\n".join(make_all.fig4a(ctx()).body)
+    text = "\n".join(fig4a.section(ctx()).body)
     assert "calibrated synthetic input (`eval/synthetic.py`), L=131072" in text, text
     assert "1.41x to 1.55x" in text, text  # the pinned record's own ratio range
-    assert "calibrated synthetic input" in make_all.fig4b(ctx()).body[-1]
+    assert "calibrated synthetic input" in fig4b.section(ctx()).body[-1]
     manifest = yaml.safe_load((results / "manifest.yaml").read_text())
     old = "experiments/fig4a_mse_vs_sparsity/70b28823a404/record.json"  # default knobs, H200
     manifest["experiments"]["fig4a_mse_vs_sparsity"] = old
     (results / "manifest.yaml").write_text(yaml.safe_dump(manifest))
-    text = "\n".join(make_all.fig4a(ctx()).body)
+    text = "\n".join(fig4a.section(ctx()).body)
     assert "synthetic (uncalibrated knobs) input" in text, text
     assert "knobs other than the calibration fit's (sink 12.0, background 0.5)" in text, text
     assert "calibrated synthetic input (`eval" not in text, text
@@ -231,3 +231,10 @@ def test_calibration_check_table_from_matched_records(tmp_path):
     assert "layer by layer" in text and any("layer0 only" in s for s in sec.sources)
     assert "Other draws" in text and "| seed1 |" in text and "on every pinned draw" in text
     assert any("calibration fit record" in m for m in sec.missing)
+
+
+def test_every_artifact_lives_in_its_own_module():
+    """make_all is the list of sections and the page; each artifact's code is in its own module
+    (docs/architecture.md, step 7), so no section is written inline again."""
+    inline = [make.__name__ for make in make_all.SECTIONS if make.__module__ == make_all.__name__]
+    assert not inline, f"artifacts written inline in make_all.py: {inline}"
