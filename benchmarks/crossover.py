@@ -15,7 +15,9 @@ which on the method is faster than dense by ``--margin``; ``None`` if it is not 
     python -m benchmarks.crossover --smoke --out /tmp/bench   # CPU check: reference impl, tiny L
 
 ``--smoke`` runs on the CPU at a few tiny lengths with the methods' reference implementation; its
-record says ``smoke: true`` and is never read as a crossover.
+record says ``smoke: true`` and is never read as a crossover (tests/test_crossover.py runs it).
+Unlike the kernel benchmarks this one needs transformers (the ``models`` extra): its dense call
+is the model plug-in's.
 """
 
 from __future__ import annotations
