@@ -22,6 +22,12 @@ patched, so every model whose attention dispatches through ``ALL_ATTENTION_FUNCT
   Inside the context the dense calls therefore run SDPA even if the model was loaded with another
   implementation.
 
+``min_len="auto"``: the length from which the method beats dense attention on this GPU, for the
+model's head shape and dtype and the method's knobs, read once on entering from a committed
+crossover record (``benchmarks/crossover.py``; the lookup is :mod:`experiments.crossover`, which
+reads ``results/``, so "auto" needs the repository's checkout). No record for them: an error that
+names the command measuring it; never a default. The stats say which value held and from where.
+
 The tensors a layer hands the method are not scanned for NaN/Inf (``sparse_attention`` does
 that; here it would synchronize the GPU at every layer): a model whose activations overflow
 gets the method's output for them, not an error.
@@ -112,6 +118,8 @@ class PrefillStats:
         batch, length: the prefill's batch size and token count.
         layers: one :class:`LayerStats` per attention layer, in call order.
         total_ms: the whole model forward (embeddings to logits); ``None`` if not observed.
+        min_len: ``{"value": int | None, "source": str}``, the ``min_len`` in force (``None``:
+            every prefill dense, see :class:`SparsePrefill`) and where it came from.
     """
 
     method: str
@@ -120,6 +128,7 @@ class PrefillStats:
     length: int
     layers: list[LayerStats] = field(default_factory=list)
     total_ms: float | None = None
+    min_len: dict | None = None
     _marks: tuple = field(default=(), repr=False)
 
     @property
@@ -171,6 +180,7 @@ class PrefillStats:
             "method": self.method,
             "batch": self.batch,
             "length": self.length,
+            "min_len": self.min_len,
             "sparse_layers": self.sparse_layers,
             "dense_layers": {s.layer: s.reason for s in self.layers if not s.sparse},
             "density": self.density,
@@ -231,17 +241,21 @@ class SparsePrefill:
     Attributes:
         method: the :class:`~s2o.methods.BoundMethod` every sparse layer runs.
         layers: the model layer indices that run sparse in a prefill of at least ``min_len``.
-        min_len: prefills shorter than this stay dense (each layer's ``reason`` says so).
+        min_len: prefills shorter than this stay dense (each layer's ``reason`` says so);
+            ``None``: every prefill stays dense (``min_len="auto"`` and the method was faster
+            than dense at no length measured).
+        min_len_source: ``"given"`` or the crossover record ``min_len="auto"`` read.
         prefills: one :class:`PrefillStats` per prefill forward, in order.
         decode_calls: attention calls with a past (dense SDPA).
     """
 
     def __init__(
-        self, model, method: BoundMethod, layers: list[int], min_len: int, timing: bool,
+        self, model, method: BoundMethod, layers: list[int], min_len: int | None, timing: bool,
         sliding: dict[int, int] | None = None, measure_error: bool = False, observe=None,
-        dense_first: int = 0,
+        dense_first: int = 0, min_len_source: str = "given",
     ):  # fmt: skip
         self.model = model
+        self.min_len_source = min_len_source
         self.dense_first = dense_first
         self.observe = observe
         self.measure_error = measure_error
@@ -304,6 +318,7 @@ class SparsePrefill:
         else:  # an attention call outside a model forward (a submodule called alone)
             start = self._clock.mark() if self.timing else None
         self._forward = PrefillStats(self.method.name, dict(self.method.config), batch, length)
+        self._forward.min_len = {"value": self.min_len, "source": self.min_len_source}
         self._forward._marks = (start, None)
         self.prefills.append(self._forward)
 
@@ -320,8 +335,6 @@ class SparsePrefill:
             p._marks = (p._marks[0], self._clock.mark())
 
     def _attend(self, module, layer: int, query, key, value, attention_mask, **kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         q_len, k_len = query.shape[-2], key.shape[-2]
         self._forward_calls += 1
         if q_len != k_len:
@@ -332,7 +345,7 @@ class SparsePrefill:
                     "prefill from an empty DynamicCache can run sparse. Prefill in one call."
                 )
             self.decode_calls += 1
-            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+            return attend_dense(module, query, key, value, attention_mask, **kwargs)
         reason = self._dense_reason(layer, q_len)
         if reason is None:
             self._check_sparse_call(layer, attention_mask, kwargs)
@@ -340,18 +353,16 @@ class SparsePrefill:
             self._begin_forward(query.shape[0], q_len)
         t0 = self._clock.mark() if self.timing else None
         if reason is not None:
-            out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+            out = attend_dense(module, query, key, value, attention_mask, **kwargs)
             t2 = self._clock.mark() if self.timing else None
             stat = LayerStats(
                 layer, False, reason, None, _marks=(t0, t0, t2) if self.timing else ()
             )
         else:
             scale = kwargs.get("scaling")
-            plan = self.method.estimate(query, key, value, scale=scale)
-            t1 = self._clock.mark() if self.timing else None
-            o, st = self.method.attend(query, key, value, plan, scale=scale)
-            t2 = self._clock.mark() if self.timing else None
-            out = (o.transpose(1, 2).contiguous(), None)
+            mark = self._clock.mark if self.timing else _no_mark
+            out, o, plan, st, t1 = attend_sparse(self.method, query, key, value, scale, mark)
+            t2 = mark()
             stat = LayerStats(
                 layer,
                 True,
@@ -374,8 +385,15 @@ class SparsePrefill:
             if layer < self.dense_first:
                 return f"dense first layers (dense_first_layers={self.dense_first})"
             return "not selected (layers=)"
+        if self.min_len is None:
+            return (
+                "min_len=auto: not faster than dense at any length measured "
+                f"({self.min_len_source})"
+            )
         if length < self.min_len:
-            return f"L={length} < min_len={self.min_len}"
+            if self.min_len_source == "given":
+                return f"L={length} < min_len={self.min_len}"
+            return f"L={length} < min_len={self.min_len} (auto: {self.min_len_source})"
         return None
 
     def _check_sparse_call(self, layer: int, attention_mask, kwargs: dict) -> None:
@@ -395,6 +413,31 @@ class SparsePrefill:
                 f"sparse_prefill: layer {layer} asks for attention dropout "
                 f"{kwargs['dropout']}; call model.eval() (the methods are inference-only)"
             )
+
+
+def _no_mark() -> None:
+    return None
+
+
+def attend_dense(module, query, key, value, attention_mask, **kwargs) -> tuple:
+    """A dense call: transformers' SDPA attention (``query [B, Hq, L, D]``, ``key, value
+    [B, Hkv, S, D]``; returns ``(out [B, L, Hq, D], None)``)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def attend_sparse(method: BoundMethod, query, key, value, scale: float | None, mark=_no_mark):
+    """A sparse prefill call: the method's plan, ``mark()``, then its attention.
+
+    ``query [B, Hq, L, D]``, ``key, value [B, Hkv, L, D]``. Returns ``((out [B, L, Hq, D], None),
+    o [B, Hq, L, D], plan, AttentionStats, what mark() returned)``; ``benchmarks/crossover.py``
+    times this call against :func:`attend_dense`.
+    """
+    plan = method.estimate(query, key, value, scale=scale)
+    t1 = mark()
+    o, st = method.attend(query, key, value, plan, scale=scale)
+    return (o.transpose(1, 2).contiguous(), None), o, plan, st, t1
 
 
 def _error_vs_dense(q, k, v, out, scale) -> tuple[torch.Tensor, torch.Tensor]:
@@ -506,7 +549,12 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
             dense), ``"all"`` (every layer; refused if the model has sliding-window layers), or a
             list of layer indices. A method knob ``dense_first_layers=N`` (FlashPrefill) then
             takes the indices below ``N`` out of this selection.
-        min_len: prefills shorter than this many tokens stay dense (the stats say so).
+        min_len: prefills shorter than this many tokens stay dense (the stats say so), or
+            ``"auto"``: the crossover length measured on this GPU for the model's head shape and
+            dtype and this method with these knobs (:mod:`experiments.crossover`, read once on
+            entering; ``LookupError`` naming the command that measures it when there is none;
+            ``ValueError`` for a model off the GPU). ``run.stats.summary()["min_len"]`` gives
+            the value in force and its source.
         timing: record estimation/attention/forward times (CUDA events: no synchronization).
         measure_error: also run dense attention on every sparse layer's Q/K/V (outside the timed
             span) and record the layer's MSE and relative MSE against it (``run.stats.summary()``:
@@ -524,14 +572,16 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
     """
 
     def __init__(
-        self, model, method: str, *, layers="full", min_len: int = 0, timing: bool = True,
+        self, model, method: str, *, layers="full", min_len: int | str = 0, timing: bool = True,
         measure_error: bool = False, observe=None, **knobs,
     ):  # fmt: skip
         if observe is not None and not callable(observe):
             raise ValueError(f"observe must be a callable or None, got {observe!r}")
         self.observe = observe
-        if isinstance(min_len, bool) or not isinstance(min_len, int) or min_len < 0:
-            raise ValueError(f"min_len must be an int >= 0, got {min_len!r}")
+        if min_len != "auto" and (
+            isinstance(min_len, bool) or not isinstance(min_len, int) or min_len < 0
+        ):
+            raise ValueError(f"min_len must be an int >= 0 or 'auto', got {min_len!r}")
         self.model = model
         self.bound = bind(method, **knobs)
         if self.bound.config.get("causal", True) is not True:
@@ -557,10 +607,11 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
         layers = _select_layers(self.layers_arg, modules, sliding)
         dense_first = self.bound.config.get("dense_first_layers", 0)
         layers = _after_dense_first(layers, dense_first)
+        min_len, source = self._resolve_min_len(model)
         register()
         run = SparsePrefill(
-            model, self.bound.per_layer(), layers, self.min_len, self.timing, sliding,
-            self.measure_error, self.observe, dense_first,
+            model, self.bound.per_layer(), layers, min_len, self.timing, sliding,
+            self.measure_error, self.observe, dense_first, source,
         )  # fmt: skip
         self._previous = model.config._attn_implementation
         self._hooks = [
@@ -577,6 +628,16 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
         self.run = run
         return run
 
+    def _resolve_min_len(self, model) -> tuple[int | None, str]:
+        """``(min_len, source)``: as given, or for ``"auto"`` from the crossover record of this
+        GPU, head shape, dtype, method and knobs."""
+        if self.min_len != "auto":
+            return self.min_len, "given"
+        from experiments.crossover import lookup
+
+        found = lookup(crossover_key(model, self.bound), self.bound.method.defaults)
+        return found.min_len, found.source
+
     def __exit__(self, *exc) -> None:
         self._restore()
         _set_implementation(self.model, self._previous)
@@ -590,6 +651,37 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
             _ROUTES.pop(id(m), None)
 
 
+def device_name(device: torch.device) -> str:
+    """The GPU model a crossover is measured on (``torch.cuda.get_device_name``); ``ValueError``
+    off the GPU (CPU times never stand for a GPU's)."""
+    if device.type != "cuda":
+        raise ValueError(
+            f"min_len='auto' reads a crossover measured on a GPU; this model is on {device}: "
+            "pass an int min_len"
+        )
+    return torch.cuda.get_device_name(device)
+
+
+def crossover_key(model, bound: BoundMethod):
+    """The :class:`experiments.crossover.CrossoverKey` of ``model`` (its text config's head
+    shape, its parameters' device and dtype) and ``bound`` (its knobs without the layer knobs)."""
+    from experiments.crossover import CrossoverKey
+
+    text = _text_config(model)
+    hq = int(text.num_attention_heads)
+    hkv = int(getattr(text, "num_key_value_heads", None) or hq)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // hq
+    param = next(model.parameters())
+    knobs = {k: v for k, v in bound.config.items() if k not in bound.method.layer_knobs}
+    return CrossoverKey(device_name(param.device), hq, hkv, int(head_dim),
+                        str(param.dtype).removeprefix("torch."), bound.name, knobs)  # fmt: skip
+
+
+def _text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def _check_model(model) -> None:
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise ValueError(
@@ -597,9 +689,7 @@ def _check_model(model) -> None:
         )
     if model.training:
         raise ValueError("the model is in training mode: call model.eval() (inference only)")
-    text = (
-        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    )
+    text = _text_config(model)
     cap = getattr(text, "attn_logit_softcapping", None)
     if cap is not None:
         raise NotImplementedError(
