@@ -7,9 +7,9 @@ two calls ``s2o.hf.sparse_prefill`` makes, on Q/K/V laid out as a transformers l
 (``[B, H, L, D]`` views of ``[B, L, H, D]`` memory). ``do_bench`` medians (CUDA events; a host
 bound call shows in them as idle GPU time); the estimation alone and the density are recorded too.
 
-``metrics.crossover`` (:func:`experiments.crossover.crossover_length`): the smallest length from
+``metrics.crossover`` (:func:`s2o.crossover.crossover_length`): the smallest length from
 which on the method is faster than dense by ``--margin``; ``None`` if it is not at the longest.
-``sparse_prefill(..., min_len="auto")`` reads it (:func:`experiments.crossover.lookup`).
+``sparse_prefill(..., min_len="auto")`` reads it (:func:`s2o.crossover.lookup`).
 
     python -m benchmarks.crossover --method s2o --heads 9/3 --head-dim 64 --rev <sha>   # GPU
     python -m benchmarks.crossover --smoke --out /tmp/bench   # CPU check: reference impl, tiny L
@@ -32,7 +32,7 @@ SMOKE = common.early_smoke_switch()
 
 import torch  # noqa: E402
 
-from experiments.crossover import BENCHMARK, DEFAULT_MARGIN, crossover_length  # noqa: E402
+from s2o.crossover import BENCHMARK, DEFAULT_MARGIN, crossover_length  # noqa: E402
 from s2o.hf import attend_dense, attend_sparse  # noqa: E402
 from s2o.methods import METHODS, bind  # noqa: E402
 

@@ -24,7 +24,7 @@ patched, so every model whose attention dispatches through ``ALL_ATTENTION_FUNCT
 
 ``min_len="auto"``: the length from which the method beats dense attention on this GPU, for the
 model's head shape and dtype and the method's knobs, read once on entering from a committed
-crossover record (``benchmarks/crossover.py``; the lookup is :mod:`experiments.crossover`, which
+crossover record (``benchmarks/crossover.py``; the lookup is :mod:`s2o.crossover`, which
 reads ``results/``, so "auto" needs the repository's checkout). No record for them: an error that
 names the command measuring it; never a default. The stats say which value held and from where.
 
@@ -551,7 +551,7 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
             takes the indices below ``N`` out of this selection.
         min_len: prefills shorter than this many tokens stay dense (the stats say so), or
             ``"auto"``: the crossover length measured on this GPU for the model's head shape and
-            dtype and this method with these knobs (:mod:`experiments.crossover`, read once on
+            dtype and this method with these knobs (:mod:`s2o.crossover`, read once on
             entering; ``LookupError`` naming the command that measures it when there is none;
             ``ValueError`` for a model off the GPU). ``run.stats.summary()["min_len"]`` gives
             the value in force and its source.
@@ -633,7 +633,7 @@ class sparse_prefill:  # noqa: N801 (a context manager used like a function)
         GPU, head shape, dtype, method and knobs."""
         if self.min_len != "auto":
             return self.min_len, "given"
-        from experiments.crossover import lookup
+        from s2o.crossover import lookup
 
         found = lookup(crossover_key(model, self.bound), self.bound.method.defaults)
         return found.min_len, found.source
@@ -663,9 +663,9 @@ def device_name(device: torch.device) -> str:
 
 
 def crossover_key(model, bound: BoundMethod):
-    """The :class:`experiments.crossover.CrossoverKey` of ``model`` (its text config's head
+    """The :class:`s2o.crossover.CrossoverKey` of ``model`` (its text config's head
     shape, its parameters' device and dtype) and ``bound`` (its knobs without the layer knobs)."""
-    from experiments.crossover import CrossoverKey
+    from s2o.crossover import CrossoverKey
 
     text = _text_config(model)
     hq = int(text.num_attention_heads)

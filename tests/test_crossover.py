@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import crossover as xo
 from experiments.records import write_record
+from s2o import crossover as xo
 from s2o.methods import METHODS, bind
 
 H100 = "NVIDIA H100 80GB HBM3"
