@@ -40,12 +40,6 @@ from s2o.kernels import (  # noqa: E402
     step1_sort,  # noqa: E402
 )
 from s2o.kernels.launch import resolve_launch  # noqa: E402
-from s2o.kernels.s2o_attention import (  # noqa: E402
-    SUBTILE_CHECK,
-    SUBTILE_CHECKS,
-    _s2o_fused_kernel,
-    _s2o_pass2_kernel,
-)
 from s2o.kernels.s2o_step1 import _segment_means  # noqa: E402
 from s2o.methods.full import full_attention  # noqa: E402
 from s2o.stats import dense_causal_tile_count, s2o_pass1_tile_count  # noqa: E402
@@ -61,7 +55,6 @@ class Setup:
     launch: dict = field(default_factory=dict)
     stop_chunk: tuple | None = None
     step1_kw: dict = field(default_factory=dict)
-    subtile_check: int = SUBTILE_CHECK
 
     @property
     def geo(self):
@@ -72,12 +65,12 @@ class Setup:
 
     def pass2(self, q, k, v, state, qp, kvp, **kw):
         return s2o_pass2(q, k, v, state, qp, kvp, launch=self.launch.get("pass2"),
-                         stop_chunk=self.stop_chunk, subtile_check=self.subtile_check, **kw,
+                         stop_chunk=self.stop_chunk, **kw,
                          **self.geo)  # fmt: skip
 
     def fused(self, q, k, v, kvp, **kw):
         return s2o_fused(q, k, v, kvp, launch=self.launch.get("fused"),
-                         stop_chunk=self.stop_chunk, subtile_check=self.subtile_check, **kw,
+                         stop_chunk=self.stop_chunk, **kw,
                          **self.geo)  # fmt: skip
 
     def step1(self, q, k, segment_len=None, **kw):
@@ -158,31 +151,9 @@ def s2o_times(q, k, v, perms, setup, taus, bench):
 SWEEP = ((4, 0), (8, 0), (16, 0), (32, 0), (2, 1), (4, 2))
 
 
-def compiled_resources(kernel, **constexprs) -> dict:
-    """``n_regs`` (registers per thread) and ``n_spills`` of the newest compiled variant of the
-    JIT ``kernel`` whose constexprs have the given values (found in its per-device cache after a
-    launch); None for both under the interpreter or when none matches."""
-    found = None
-    for caches in list(getattr(kernel, "device_caches", {}).values()):
-        for compiled in list(caches[0].values()):
-            src = getattr(compiled, "src", None)
-            names = getattr(getattr(src, "fn", None), "arg_names", None)
-            consts = getattr(src, "constants", None) or getattr(src, "constexprs", None) or {}
-            if names is None:
-                continue
-            keys = {(k[0] if isinstance(k, tuple) else k): v for k, v in consts.items()}
-            values = {names[i]: v for i, v in keys.items() if isinstance(i, int)}
-            if all(values.get(name) == v for name, v in constexprs.items()):
-                found = compiled
-    if found is None:
-        return {"n_regs": None, "n_spills": None}
-    found._init_handles()  # a launched kernel's are loaded already
-    return {"n_regs": found.n_regs, "n_spills": found.n_spills}
-
-
-def sweep_variants(q, k, v, perms, setup, taus, bench, variants, key, extra=None):
+def sweep_variants(q, k, v, perms, setup, taus, bench, variants, key):
     """D (stop logic on, tau=0) and the sparse points of two-pass S2O per variant of ``setup``:
-    ``variants`` is ``[(row fields, Setup)]``; ``extra(setup) -> dict`` adds fields to a row.
+    ``variants`` is ``[(row fields, Setup)]``.
     Returns ``{"L", "noskip_ms", key: [rows]}``."""
     L = q.shape[2]
     qp, kvp = perms
@@ -207,7 +178,6 @@ def sweep_variants(q, k, v, perms, setup, taus, bench, variants, key, extra=None
                     "kernel_ms": bench(lambda t=tau, c=variant: two_pass(t, None, c)),
                 }
             )
-        row.update(extra(variant) if extra else {})
         common.log(row)
         out[key].append(row)
     return out
@@ -219,40 +189,6 @@ def sweep_chunks(q, k, v, perms, setup, taus, bench, chunks=SWEEP):
     variants = [({"chunk": c, "grow": g}, dataclasses.replace(setup, stop_chunk=(c, g)))
                 for c, g in chunks]  # fmt: skip
     return sweep_variants(q, k, v, perms, setup, taus, bench, variants, "chunks")
-
-
-def sweep_subtile_checks(q, k, v, perms, setup, taus, bench, checks):
-    """The implementations of the sub-tiled "keep" walk (``subtile_check``, head_dim 256 with
-    ``sub_n < block``) vs speed: the chunk sweep's fields, plus Pass-2 alone and the fused kernel
-    with stop logic at tau=0, the fused kernel's sparse points, and each stop-logic kernel's
-    compiled registers and spills."""
-    qp, kvp = perms
-    state = setup.pass1(q, k, v)
-    L = q.shape[2]
-    dense_tiles = dense_causal_tile_count(L, setup.block, setup.block)
-    p1_tiles = s2o_pass1_tile_count(L, setup.S, 0, setup.block, setup.block)
-
-    def fused_point(s, tau):
-        _, visited = s.fused(q, k, v, kvp, tau=tau)
-        density = float((visited.double().sum(-1) + p1_tiles).mean()) / dense_tiles
-        return {"tau": tau, "density": density,
-                "fused_ms": bench(lambda: s.fused(q, k, v, kvp, tau=tau))}  # fmt: skip
-
-    def extra(s):
-        stop = {"EARLY_STOP": True, "KEEP_STOP": True, "SUBTILE_CHECK": s.subtile_check}
-        return {
-            "fused_sparse": [fused_point(s, tau) for tau in taus],
-            "pass2_stoplogic_ms": bench(
-                lambda: s.pass2(q, k, v, state, qp, kvp, tau=0.0, early_stop=True)
-            ),
-            "fused_stoplogic_ms": bench(lambda: s.fused(q, k, v, kvp, tau=0.0, early_stop=True)),
-            "pass2": compiled_resources(_s2o_pass2_kernel, **stop),
-            "fused": compiled_resources(_s2o_fused_kernel, **stop),
-        }
-
-    variants = [({"subtile_check": c}, dataclasses.replace(setup, subtile_check=c))
-                for c in checks]  # fmt: skip
-    return sweep_variants(q, k, v, perms, setup, taus, bench, variants, "subtile_checks", extra)
 
 
 def copy_bandwidth(shape: common.Shape) -> float | None:
@@ -360,9 +296,6 @@ def run_length(args, shape, setup, L, taus) -> dict:
     perms = setup.step1(q, k)
     rec = {"L": L, "full_ms": full_times(q, k, v, bench), "step1_ms": step1,
            "s2o": s2o_times(q, k, v, perms, setup, taus, bench)}  # fmt: skip
-    if args.subtile_check:
-        rec["subtile_check"] = sweep_subtile_checks(q, k, v, perms, setup, taus, bench,
-                                                    args.subtile_check)  # fmt: skip
     del perms
     if args.abcd:
         rec["abcd"] = abcd_times(q, k, v, segment_len=args.abcd_segment_len, bench=bench,
@@ -385,12 +318,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="",
         help="(first chunk:growth) pairs of the sweep, e.g. 1:1,2:1 (default: SWEEP)",
     )
-    ap.add_argument(
-        "--subtile-check",
-        default="",
-        help="implementations of the sub-tiled keep walk to time at every L, e.g. 0,1,2 "
-        "(s2o_pass2's subtile_check; matters where sub_n < block, i.e. head_dim 256)",
-    )
     ap.add_argument("--step1-breakdown", type=int, default=0, help="L for the Step-1 breakdown")
     ap.add_argument(
         "--tune",
@@ -409,10 +336,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_common_args(ap)
     args = ap.parse_args(argv)  # fmt: skip
     args.step1_lens, args.abcd_segment_len = (512, 1024, 2048, 4096), 1024
-    args.subtile_check = [int(c) for c in args.subtile_check.split(",") if c]
-    bad = sorted(set(args.subtile_check) - set(SUBTILE_CHECKS))
-    if bad:
-        ap.error(f"--subtile-check {bad}: each value must be one of {SUBTILE_CHECKS}")
     if args.smoke:  # 4 segments of 2 tiles; the sweep and the breakdown at the same length
         args.lengths, args.segment_len, args.block = "128", 32, 16
         args.step1_lens, args.abcd_segment_len, args.tune_length = (32, 64), 32, 128
@@ -437,8 +360,7 @@ def main(argv=None) -> dict:
               "step1_lens": list(args.step1_lens), "stop_chunk": list(STOP_CHUNK),
               "step1": {"sort_mode": args.step1_sort or step1_sort.SORT_MODE,
                         "index_dtype": str(step1_kw["index_dtype"] or step1_sort.INDEX_DTYPE)},
-              "tune": args.tune, "smoke": args.smoke,
-              "subtile_check": args.subtile_check}  # fmt: skip
+              "tune": args.tune, "smoke": args.smoke}  # fmt: skip
     command = common.command_line("benchmarks.bench_s2o", argv)
     rec = common.Recorder("bench_s2o", config, command, shape, args.out, args.rev,
                           metrics={"lengths": [], "sweep": []})  # fmt: skip

@@ -1,90 +1,24 @@
-"""Public S2O entry point: validate, pick an implementation, never fall back silently."""
+"""The public S2O function :func:`s2o_attention`: an alias of ``sparse_attention("s2o", ...)``.
+
+S2O has one front door, the method registry (:mod:`s2o.methods.s2o`: its knobs are
+:data:`~s2o.methods.s2o.DEFAULTS`, validated once by ``Method.bind``, dispatched to the reference
+or the Triton kernels there, never falling back silently). :func:`s2o_attention` keeps its
+explicit keywords for users' code and passes them on unchanged; ``check_s2o_args`` and
+``resolve_impl`` stay importable from here.
+"""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .dense_tail import check_dense_tail
-from .reference import s2o_reference
-from .stats import AttentionStats, check_topk_ratio, refuse_topk_with_early_stop
-from .tail_rank import check_tail_rank
-from .validation import (
-    check_bool,
-    check_choice,
-    check_finite,
-    check_inference_inputs,
-    check_interpreter_dtype,
-    check_positive_int,
-    check_qkv,
-    check_scale,
-    check_tile,
-)
+from .methods.registry import sparse_attention
+from .methods.s2o import DEFAULTS, STOP_TILES, VARIANTS, check_s2o_args
+from .stats import AttentionStats
+from .validation import IMPLS, check_bool, resolve_impl
 
-VARIANTS = ("two_pass", "fused")
-STOP_TILES = ("keep", "discard")
-IMPLS = ("auto", "reference", "triton")
-
-
-def _triton_usable(device: torch.device) -> bool:
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def resolve_impl(impl: str, device: torch.device) -> str:
-    """``auto`` -> Triton for CUDA tensors, reference otherwise; an explicit choice is checked."""
-    check_choice("impl", impl, IMPLS)
-    if impl == "auto":
-        return "triton" if device.type == "cuda" else "reference"
-    if impl == "triton" and not _triton_usable(device):
-        raise ValueError(
-            f"impl='triton' needs CUDA tensors (got device {device}); set TRITON_INTERPRET=1 "
-            "to run the kernels on the CPU interpreter, or use impl='reference'"
-        )
-    return impl
-
-
-def check_s2o_args(
-    *,
-    segment_len,
-    tau,
-    block_m,
-    block_n,
-    local_window,
-    q_perm,
-    variant,
-    scale,
-    stop_tile="keep",
-    walk_budget=None,
-) -> bool:
-    """Validate the S2O knobs; returns the effective ``q_perm``."""
-    check_choice("stop_tile", stop_tile, STOP_TILES)
-    if walk_budget is not None and (
-        isinstance(walk_budget, bool) or not isinstance(walk_budget, int) or walk_budget < 0
-    ):
-        raise ValueError(f"walk_budget must be None or an int >= 0, got {walk_budget!r}")
-    check_positive_int("segment_len", segment_len)
-    check_tile("block_m", block_m)
-    check_tile("block_n", block_n)
-    check_finite("tau", tau)
-    check_choice("variant", variant, VARIANTS)
-    if segment_len % block_m or segment_len % block_n:
-        raise ValueError(
-            f"segment_len={segment_len} must be a multiple of block_m={block_m} "
-            f"and block_n={block_n}"
-        )
-    if isinstance(local_window, bool) or not isinstance(local_window, int) or local_window < 0:
-        raise ValueError(f"local_window must be an int >= 0, got {local_window!r}")
-    if local_window % block_n:
-        raise ValueError(f"local_window={local_window} must be a multiple of block_n={block_n}")
-    check_scale(scale)
-    if q_perm is None:
-        return variant == "two_pass"
-    if q_perm and variant == "fused":
-        raise ValueError("variant='fused' does not reorder queries: q_perm=True is not supported")
-    if not isinstance(q_perm, bool):
-        raise ValueError(f"q_perm must be a bool or None, got {q_perm!r}")
-    return q_perm
+__all__ = [
+    "IMPLS", "STOP_TILES", "VARIANTS", "check_s2o_args", "resolve_impl", "s2o_attention",
+]  # fmt: skip
 
 
 def s2o_attention(
@@ -109,7 +43,10 @@ def s2o_attention(
     dense_tail: int = 0,
     tail_rank: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
-    """S2O sparse prefill attention, causal by default.
+    """S2O sparse prefill attention, causal by default: ``sparse_attention("s2o", q, k, v,
+    **knobs)`` (the canonical entry point, which also takes ``step1_sort`` and ``launch``), with
+    ``return_stats`` choosing whether the stats come back. The keywords' defaults are
+    :data:`s2o.methods.s2o.DEFAULTS`.
 
     Args:
         q: ``[B, Hq, L, D]``; k, v: ``[B, Hkv, L, D]`` with ``Hq % Hkv == 0`` (GQA, K/V are
@@ -151,32 +88,7 @@ def s2o_attention(
         ValueError: a bad shape, dtype or knob; NaN/Inf in q, k or v (naming tensor and
             position); inputs that require grad (inference only); bf16 on the Triton interpreter.
     """
-    check_qkv(q, k, v)
-    check_inference_inputs(q, k, v)
+    knobs = {name: value for name, value in locals().items() if name in DEFAULTS}
     check_bool("return_stats", return_stats)
-    use_q_perm = check_s2o_args(
-        segment_len=segment_len, tau=tau, block_m=block_m, block_n=block_n,
-        local_window=local_window, q_perm=q_perm, variant=variant, scale=scale,
-        stop_tile=stop_tile, walk_budget=walk_budget,
-    )  # fmt: skip
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be a bool, got {causal!r}")
-    topk_ratio = check_topk_ratio(topk_ratio)
-    refuse_topk_with_early_stop(topk_ratio, tau)
-    check_dense_tail(dense_tail, topk_ratio=topk_ratio, walk_budget=walk_budget, causal=causal)
-    check_tail_rank(tail_rank, dense_tail=dense_tail, causal=causal)
-    knobs = dict(
-        segment_len=segment_len, tau=float(tau), block_m=block_m, block_n=block_n,
-        local_window=local_window, q_perm=use_q_perm, scale=scale, stop_tile=stop_tile,
-        walk_budget=walk_budget, causal=causal, topk_ratio=topk_ratio, dense_tail=dense_tail,
-        tail_rank=tail_rank,
-    )  # fmt: skip
-    chosen = resolve_impl(impl, q.device)
-    check_interpreter_dtype(chosen, q)
-    if chosen == "reference":
-        out, stats = s2o_reference(q, k, v, **knobs)
-    else:
-        from .kernels import s2o_triton
-
-        out, stats = s2o_triton(q, k, v, variant=variant, **knobs)
+    out, stats = sparse_attention("s2o", q, k, v, **knobs)
     return (out, stats) if return_stats else out

@@ -86,10 +86,13 @@ def check_topk_ratio(topk_ratio) -> float | None:
 
 def refuse_topk_with_early_stop(topk_ratio, tau) -> None:
     """The top-k mode walks a fixed share of each ranked prefix with no early stop, so it is
-    refused with ``tau > 0``, naming both values."""
+    refused with ``tau > 0``, naming both values (the one refusal of the method, the reference
+    and the kernels)."""
     if topk_ratio is not None and tau > 0:
         raise ValueError(
-            f"topk_ratio={topk_ratio!r} walks without early stop: tau must be <= 0, got tau={tau!r}"
+            f"topk_ratio={topk_ratio!r} walks a fixed share of the ranked prefix without early "
+            f"stop: tau must be <= 0, got tau={tau!r}; set tau <= 0 (got tau={tau!r}) or "
+            "topk_ratio=None"
         )
 
 

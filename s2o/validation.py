@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+IMPLS = ("auto", "reference", "triton")
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -92,6 +94,23 @@ def check_inference_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
                     f"{list(pos)} ({int(bad.sum())} non-finite in all): the methods refuse "
                     "NaN/Inf inputs (sparse selection would hide or zero them); clean the input"
                 )
+
+
+def _triton_usable(device: torch.device) -> bool:
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """``auto`` -> Triton for CUDA tensors, reference otherwise; an explicit choice is checked."""
+    check_choice("impl", impl, IMPLS)
+    if impl == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    if impl == "triton" and not _triton_usable(device):
+        raise ValueError(
+            f"impl='triton' needs CUDA tensors (got device {device}); set TRITON_INTERPRET=1 "
+            "to run the kernels on the CPU interpreter, or use impl='reference'"
+        )
+    return impl
 
 
 def check_interpreter_dtype(impl: str, t: torch.Tensor) -> None:

@@ -126,6 +126,30 @@ def test_sparse_attention_s2o_matches_api_and_times():
     assert stats.time_attention_ms is not None and stats.time_attention_ms > 0
 
 
+def test_s2o_attention_is_an_alias_of_the_method(monkeypatch):
+    """One front door: ``s2o_attention``'s keywords are the S2O method's knobs (less the Triton-only
+    ``step1_sort`` and ``launch``) with the same defaults, and every call goes through
+    ``sparse_attention("s2o", ...)``."""
+    import inspect
+
+    from s2o.methods.s2o import DEFAULTS
+
+    params = inspect.signature(s2o_attention).parameters
+    kw = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    assert {n: d for n, d in kw.items() if n != "return_stats"} == {
+        n: d for n, d in DEFAULTS.items() if n not in ("step1_sort", "launch")
+    }
+    calls = []
+    monkeypatch.setattr(
+        s2o.api,
+        "sparse_attention",
+        lambda *a, **k: calls.append((a[0], k)) or sparse_attention(*a, **k),
+    )
+    call(*qkv(), tau=0.02, walk_budget=2)
+    assert calls == [("s2o", {**{n: kw[n] for n in kw if n in DEFAULTS}, **SMALL, "tau": 0.02,
+                              "walk_budget": 2})]  # fmt: skip
+
+
 def test_full_method_is_dense_with_zero_sparsity():
     q, k, v = qkv()
     out, stats = sparse_attention("full", q, k, v)

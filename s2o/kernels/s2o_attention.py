@@ -59,21 +59,6 @@ LOG2E = 1.4426950408889634
 STOP_CHUNK = (2, 1)
 
 
-# implementations of the head_dim-256 "keep" walk (``SUB_N < BLOCK_N``), same decisions:
-# 0 = _keep_walk_sub_tiled, 1 and 2 = _keep_walk_sub_tiled_lean (its docstring). 1 is the
-# default: the GPU A/B (benchmarks/bench_s2o.py --subtile-check; results/benchmarks/bench_s2o/)
-# measured the stop logic at tau=0 at 1.10x the plain walk with 1, 1.41x with 0, 1.85x with 2
-# (H100, L=32K, 32/8 heads, D=256)
-SUBTILE_CHECKS = (0, 1, 2)
-SUBTILE_CHECK = 1
-
-
-def _subtile_check(subtile_check: int) -> int:
-    if isinstance(subtile_check, bool) or subtile_check not in SUBTILE_CHECKS:
-        raise ValueError(f"subtile_check must be one of {SUBTILE_CHECKS}, got {subtile_check!r}")
-    return int(subtile_check)
-
-
 def _stop_chunk(stop_chunk: tuple[int, int] | None) -> tuple[int, int]:
     n, grow = STOP_CHUNK if stop_chunk is None else (int(stop_chunk[0]), int(stop_chunk[1]))
     if n < 1 or grow < 0:
@@ -238,57 +223,30 @@ def _sub_tiled_update(
 
 
 @triton.jit
-def _keep_walk_sub_tiled(
+def _keep_walk_sub_tiled_lean(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
-    go, gains, visited, j0, n_chunk, BLOCK_N: tl.constexpr, SUB_N: tl.constexpr,
+    go, visited, j0, n_chunk, BLOCK_N: tl.constexpr, SUB_N: tl.constexpr,
     HEAD_D: tl.constexpr, GATHER: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     """One chunk of ``n_chunk`` tiles of the ``"keep"`` walk (tile ``j0`` first) as one flat,
     pipelined loop over ``SUB_N``-key sub-tiles: one K and one V sub-tile in flight per stage
     (a loop over whole tiles would stage every sub-tile of a tile: 256 KiB at head_dim 256).
-    At a tile's first sub-tile the previous tile's row flags decide (the deferred check) and the
-    tile's gain ``g`` and prior mass ``l0`` restart; at its last one its flags are set and a live
-    tile is counted. Returns ``(m, l, acc, go, gains, visited)``."""
-    SPLIT: tl.constexpr = BLOCK_N // SUB_N
-    g = tl.zeros_like(l_i)
-    l0 = l_i
-    for c in range(0, n_chunk * SPLIT):
-        u = j0 * SPLIT + c  # sub-tile of the walk
-        k, v, col_ok = _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, u * SUB_N, P,
-                                     SUB_N, HEAD_D, GATHER)  # fmt: skip
-        first = (c % SPLIT) == 0
-        last = (c % SPLIT) == SPLIT - 1
-        go = go & ((tl.max(gains.to(tl.int32), 0) > 0) | (c % SPLIT != 0))
-        g = tl.where(first, 0.0, g)
-        l0 = tl.where(first, l_i, l0)
-        lim = P * go.to(tl.int32)
-        cols = u * SUB_N + tl.arange(0, SUB_N)
-        m_i, l_i, acc, alpha, psum = _walk_step(q, k, v, m_i, l_i, acc, qk_scale, cols, lim, IEEE)
-        g = g * alpha + psum
-        l0 = l0 * alpha
-        gains = tl.where(last, (g >= tau * l0) & row_ok, gains)
-        visited += (go & last).to(tl.int32)
-    return m_i, l_i, acc, go, gains, visited
 
+    No gain accumulator: a tile's gain in the final scale is ``l - l0`` (``l0``: the mass before
+    the tile, restarted at its first sub-tile and rescaled by the tile's alphas), so the rule is
+    ``l - l0 >= tau * l0`` (at ``tau <= 0`` it always holds: ``l`` and ``l0`` start equal and are
+    scaled by the same alphas, and rounding is monotone). No row flags carried: the tile's flags
+    are reduced across rows once, in an ``if`` on its last sub-tile (no cross-warp reduction and
+    barrier on the other sub-tiles; the ``if`` holds no dot), straight into ``go`` after the tile
+    is counted, so the next tile sees the decision as in the deferred check.
 
-@triton.jit
-def _keep_walk_sub_tiled_lean(
-    q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
-    go, visited, j0, n_chunk, BLOCK_N: tl.constexpr, SUB_N: tl.constexpr,
-    HEAD_D: tl.constexpr, GATHER: tl.constexpr, IEEE: tl.constexpr, CHECK: tl.constexpr,
-):  # fmt: skip
-    """:func:`_keep_walk_sub_tiled` with less per-sub-tile state (``SUBTILE_CHECK`` 1 and 2):
-    same tiles visited, same loop and loads. No gain accumulator ``g``: a tile's gain in the final
-    scale is ``l - l0`` (``l0``: the mass before the tile, rescaled by the tile's alphas), so the
-    rule is ``l - l0 >= tau * l0``; this rounds differently from summing ``g`` (a near-threshold
-    row could flip; at ``tau <= 0`` it always holds, as ``g >= 0`` does: ``l`` and ``l0`` start
-    equal and are scaled by the same alphas, and rounding is monotone). No row flags carried: the
-    tile's flags are reduced across rows once, at its last sub-tile, straight into ``go`` (after
-    the tile is counted), so the next tile sees the decision as in the deferred check.
-    CHECK=1: that reduction sits in an ``if`` on the last sub-tile (no cross-warp reduction and
-    barrier on the other sub-tiles; the ``if`` holds no dot). CHECK=2: branch-free, reduced at
-    every sub-tile and used at the last one (the register saving alone). Returns
-    ``(m, l, acc, go, visited)``; the chunk's last decision is already in ``go``."""
+    This walk won the GPU A/B against a walk carrying a gain accumulator and row flags and
+    reducing them at every sub-tile, and against this walk reducing at every sub-tile without the
+    ``if`` (H100, L=32K, D=256, 32/8 heads: stop logic at tau=0 1.10x the plain walk against 1.40x
+    and 1.83x; ``results/kernels/run9_head_dims/README.md``, records
+    ``results/benchmarks/bench_s2o/de2ec653f566``, ``79399c883271``, ``b0de1c37bf51``); the
+    losers were removed afterwards (git keeps them: ``git log -S subtile_check``).
+    Returns ``(m, l, acc, go, visited)``; the chunk's last decision is already in ``go``."""
     SPLIT: tl.constexpr = BLOCK_N // SUB_N
     l0 = l_i
     for c in range(0, n_chunk * SPLIT):
@@ -302,12 +260,8 @@ def _keep_walk_sub_tiled_lean(
         m_i, l_i, acc, alpha, _ = _walk_step(q, k, v, m_i, l_i, acc, qk_scale, cols, lim, IEEE)
         l0 = l0 * alpha
         visited += (go & last).to(tl.int32)
-        if CHECK == 1:
-            if last:
-                go = go & (tl.max((((l_i - l0) >= tau * l0) & row_ok).to(tl.int32), 0) > 0)
-        else:
-            any_gain = tl.max((((l_i - l0) >= tau * l0) & row_ok).to(tl.int32), 0)
-            go = go & ((any_gain > 0) | (c % SPLIT != SPLIT - 1))
+        if last:
+            go = go & (tl.max((((l_i - l0) >= tau * l0) & row_ok).to(tl.int32), 0) > 0)
     return m_i, l_i, acc, go, visited
 
 
@@ -317,7 +271,6 @@ def _ranked_walk(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr,
-    SUBTILE_CHECK: tl.constexpr,
 ):  # fmt: skip
     """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits.
 
@@ -338,8 +291,7 @@ def _ranked_walk(
 
     ``SUB_N < BLOCK_N`` (head_dim 256) computes each tile in ``SUB_N``-key parts
     (:func:`_sub_tiled_update`); the decisions are still per ``BLOCK_N`` tile. There the
-    ``"keep"`` walk is :func:`_keep_walk_sub_tiled` (``SUBTILE_CHECK=0``) or
-    :func:`_keep_walk_sub_tiled_lean` (1, 2; same decisions, less per-sub-tile work).
+    ``"keep"`` walk is :func:`_keep_walk_sub_tiled_lean`.
     With ``"discard"`` a first sweep of ``q k^T`` decides and a second one adds the tile (one
     more ``q k^T``).
     """
@@ -390,16 +342,10 @@ def _ranked_walk(
                         l_i = l_old + gain
                         m_i = m_new
                         gains = row_gains
-            elif KEEP_STOP and SUBTILE_CHECK != 0:
+            elif KEEP_STOP:
                 m_i, l_i, acc, go, visited = _keep_walk_sub_tiled_lean(
                     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok,
                     qk_scale, tau, go, visited, j0, tl.minimum(chunk, n_tiles - j0),
-                    BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, SUBTILE_CHECK,
-                )  # fmt: skip
-            elif KEEP_STOP:
-                m_i, l_i, acc, go, gains, visited = _keep_walk_sub_tiled(
-                    q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok,
-                    qk_scale, tau, go, gains, visited, j0, tl.minimum(chunk, n_tiles - j0),
                     BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE,
                 )  # fmt: skip
             else:  # discard: decide first (q k^T only), then add the kept tile
@@ -417,7 +363,7 @@ def _ranked_walk(
                         q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, j, P,
                         lim, qk_scale, BLOCK_N, SUB_N, HEAD_D, GATHER, IEEE, True,
                     )  # fmt: skip
-            if KEEP_STOP and (SUB_N == BLOCK_N or SUBTILE_CHECK == 0):  # the lean walk folded it
+            if KEEP_STOP and SUB_N == BLOCK_N:  # the sub-tiled walk folded it into go
                 go = go & (tl.max(gains.to(tl.int32), 0) > 0)
             j0 += chunk
             chunk = tl.minimum(chunk + STOP_GROW, 64)
@@ -530,7 +476,7 @@ def _s2o_pass2_kernel(
     USE_QPERM: tl.constexpr, GATHER: tl.constexpr, EARLY_STOP: tl.constexpr,
     KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
-    TOPK: tl.constexpr, SUBTILE_CHECK: tl.constexpr,
+    TOPK: tl.constexpr,
 ):  # fmt: skip
     """Ranked walk with early stop for one query tile of ``Q_perm`` order; scatters the output.
 
@@ -564,7 +510,7 @@ def _s2o_pass2_kernel(
         stride_kl, stride_vl, P, row_ok,
         qk_scale, _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M), BLOCK_M, BLOCK_N, HEAD_D,
         GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
-        STOP_GROW, SUB_N, SUBTILE_CHECK,
+        STOP_GROW, SUB_N,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -581,7 +527,7 @@ def _s2o_fused_kernel(
     GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
-    SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr, SUBTILE_CHECK: tl.constexpr,
+    SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
@@ -611,7 +557,7 @@ def _s2o_fused_kernel(
         _walk_len(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P, WALK_KEYS, seg, TOPK), row_ok,
         qk_scale, _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M), BLOCK_M, BLOCK_N, HEAD_D,
         GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
-        STOP_GROW, SUB_N, SUBTILE_CHECK,
+        STOP_GROW, SUB_N,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -731,7 +677,7 @@ def s2o_pass2(
     scale=None, use_qperm=True, gather=True, early_stop=None, stop_tile="keep", out=None,
     walk_budget=None, causal=True, launch: Launch | None = None,
     stop_chunk: tuple[int, int] | None = None, topk_ratio: float | None = None,
-    subtile_check: int = SUBTILE_CHECK, dense_tail: int = 0, tail_rank: int = 0,
+    dense_tail: int = 0, tail_rank: int = 0,
 ):  # fmt: skip
     """Pass-2: ``(out [B, Hq, L, D], visited [B, Hq, cdiv(L, block_m)] int32)``.
 
@@ -744,9 +690,6 @@ def s2o_pass2(
     :class:`~s2o.kernels.launch.Launch`; ``stop_chunk``: ``(first chunk, growth)`` of the
     early-stop walk, default :data:`STOP_CHUNK`. ``topk_ratio``: S2O's top-k mode, each query
     tile walks the first ``ceil(topk_ratio * ranked tiles)`` key tiles (needs ``tau <= 0``).
-    ``subtile_check``: which implementation of the ``"keep"`` walk over key sub-tiles
-    (``sub_n < block_n``, head_dim 256) runs, one of :data:`SUBTILE_CHECKS` (same decisions;
-    default :data:`SUBTILE_CHECK`, the fastest on the GPU); no effect elsewhere.
     ``dense_tail``: the query tiles holding walk slots ``>= L - dense_tail`` never stop
     (:mod:`s2o.dense_tail`; ``q_perm`` must come from Step 1 with the same ``dense_tail``).
     ``tail_rank``: the query tiles holding walk slots ``>= L - tail_rank`` walk their segment's
@@ -760,7 +703,6 @@ def s2o_pass2(
     n_tiles = visited.shape[-1]
     early_stop = tau > 0 if early_stop is None else early_stop
     chunk, grow = _stop_chunk(stop_chunk)
-    subtile_check = _subtile_check(subtile_check)
     sub_n, cfg = resolve_launch(
         "pass2", launch, head_d=D, block_n=block_n, device=q.device, gather=gather
     )
@@ -777,7 +719,7 @@ def s2o_pass2(
         *_rank_tail(L, segment_len, tail_rank, kv_perm), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=chunk, STOP_GROW=grow, SUB_N=sub_n,
-        CAUSAL=bool(causal), TOPK=walk_keys is not None, SUBTILE_CHECK=subtile_check, **cfg,
+        CAUSAL=bool(causal), TOPK=walk_keys is not None, **cfg,
     )  # fmt: skip
     return out, visited
 
@@ -787,10 +729,10 @@ def s2o_fused(
     gather=True, early_stop=None, stop_tile="keep", out=None, walk_budget=None, causal=True,
     launch: Launch | None = None, stop_chunk: tuple[int, int] | None = None,
     descriptors: bool | None = None, topk_ratio: float | None = None,
-    subtile_check: int = SUBTILE_CHECK, dense_tail: int = 0, tail_rank: int = 0,
+    dense_tail: int = 0, tail_rank: int = 0,
 ):  # fmt: skip
     """Fused single pass (no query reordering): ``(out, visited)`` as :func:`s2o_pass2`
-    (``topk_ratio``, ``subtile_check``, ``dense_tail`` and ``tail_rank`` too); ``launch.sub_n``
+    (``topk_ratio``, ``dense_tail`` and ``tail_rank`` too); ``launch.sub_n``
     is also the key tile of its dense part, ``descriptors`` as :func:`s2o_pass1`."""
     (q, k, v, qk_scale, ieee), out, visited, kvp = _walk_buffers(
         q, k, v, kv_perm, scale, block_m, out
@@ -799,7 +741,6 @@ def s2o_fused(
     n_tiles = visited.shape[-1]
     early_stop = tau > 0 if early_stop is None else early_stop
     chunk, grow = _stop_chunk(stop_chunk)
-    subtile_check = _subtile_check(subtile_check)
     sub_n, cfg = resolve_launch("fused", launch, head_d=D, block_n=block_n, device=q.device)
     cfg = _discard_stages(cfg, launch, sub_n < block_n and early_stop and not _keep(stop_tile))
     descs, use_desc = kernel_kv_args(k, v, sub_n, descriptors)
@@ -813,6 +754,6 @@ def s2o_fused(
         *_rank_tail(L, segment_len, tail_rank, kv_perm), BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop, KEEP_STOP=_keep(stop_tile), IEEE=ieee,
         STOP_CHUNK=chunk, STOP_GROW=grow, USE_DESC=use_desc, SUB_N=sub_n, CAUSAL=bool(causal),
-        TOPK=walk_keys is not None, SUBTILE_CHECK=subtile_check, **cfg,
+        TOPK=walk_keys is not None, **cfg,
     )  # fmt: skip
     return out, visited

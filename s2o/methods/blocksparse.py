@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..api import resolve_impl
 from ..stats import AttentionStats, _cdiv, dense_causal_tile_count
-from ..validation import check_choice, check_finite, check_tile
+from ..validation import check_choice, check_finite, check_tile, resolve_impl
 from .launch_knob import check_settings, to_launch
 from .registry import Method, register
 

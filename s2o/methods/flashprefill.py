@@ -93,9 +93,8 @@ import math
 
 import torch
 
-from ..api import resolve_impl
 from ..stats import _cdiv
-from ..validation import check_bool, check_finite, check_scale
+from ..validation import check_bool, check_finite, check_scale, resolve_impl
 from .blocksparse import (
     BlockPlan,
     attend,

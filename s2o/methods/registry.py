@@ -15,7 +15,13 @@ from typing import Any
 import torch
 
 from ..stats import AttentionStats
-from ..validation import check_inference_inputs, check_interpreter_dtype, check_qkv, check_scale
+from ..validation import (
+    check_inference_inputs,
+    check_interpreter_dtype,
+    check_qkv,
+    check_scale,
+    resolve_impl,
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +114,6 @@ class BoundMethod:
         check_qkv(q, k, v)
         check_no_layer_knobs(self.method, self.knobs)
         if "impl" in self.knobs:
-            from ..api import resolve_impl
-
             check_interpreter_dtype(resolve_impl(self.knobs["impl"], q.device), q)
         return self.method.estimate(q, k, v, **self._knobs(scale))
 

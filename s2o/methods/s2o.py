@@ -1,5 +1,9 @@
 """S2O behind the method interface: ``estimate`` is Step 1, ``attend`` is Pass-1 + Pass-2.
 
+This is S2O's one front door: :data:`DEFAULTS` defines its knobs once, :func:`_check` validates
+them once (at ``bind``) and ``_estimate``/``_attend`` pick the implementation. The public
+:func:`s2o.s2o_attention` is a thin alias of ``sparse_attention("s2o", ...)``.
+
 ``topk_ratio`` (default ``None``: off) is S2O's top-k mode, the paper's setting for the
 comparison with block-sparse attention at matched sparsity (Appendix Fig. 5): each Pass-2 query
 tile walks exactly the first ``ceil(topk_ratio * ranked tiles)`` key tiles of its ranked prefix,
@@ -10,12 +14,19 @@ nothing). ``walk_budget`` still caps the walk.
 
 from __future__ import annotations
 
-from ..api import check_s2o_args, resolve_impl
 from ..dense_tail import check_dense_tail, tail_last
 from ..reference import s2o_permutations, s2o_reference, s2o_visible_keys
-from ..stats import check_topk_ratio
+from ..stats import check_topk_ratio, refuse_topk_with_early_stop
 from ..tail_rank import check_tail_rank
-from ..validation import check_choice
+from ..validation import (
+    IMPLS,
+    check_choice,
+    check_finite,
+    check_positive_int,
+    check_scale,
+    check_tile,
+    resolve_impl,
+)
 from .launch_knob import check_per_kernel, to_launch
 from .registry import Method, register
 
@@ -41,16 +52,56 @@ DEFAULTS = {
 LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
 
-def _check_topk(topk_ratio, tau) -> float | None:
-    """The top-k mode's ratio as a float (None: off); it has no early stop, so ``tau > 0`` with
-    it is refused."""
-    ratio = check_topk_ratio(topk_ratio)
-    if ratio is not None and float(tau) > 0:
+VARIANTS = ("two_pass", "fused")
+STOP_TILES = ("keep", "discard")
+
+
+def effective_q_perm(q_perm: bool | None, variant: str) -> bool:
+    """``q_perm=None`` means True for ``variant="two_pass"`` and False for ``"fused"``."""
+    return variant == "two_pass" if q_perm is None else q_perm
+
+
+def check_s2o_args(
+    *,
+    segment_len,
+    tau,
+    block_m,
+    block_n,
+    local_window,
+    q_perm,
+    variant,
+    scale,
+    stop_tile="keep",
+    walk_budget=None,
+) -> bool:
+    """Validate the S2O knobs; returns the effective ``q_perm``."""
+    check_choice("stop_tile", stop_tile, STOP_TILES)
+    if walk_budget is not None and (
+        isinstance(walk_budget, bool) or not isinstance(walk_budget, int) or walk_budget < 0
+    ):
+        raise ValueError(f"walk_budget must be None or an int >= 0, got {walk_budget!r}")
+    check_positive_int("segment_len", segment_len)
+    check_tile("block_m", block_m)
+    check_tile("block_n", block_n)
+    check_finite("tau", tau)
+    check_choice("variant", variant, VARIANTS)
+    if segment_len % block_m or segment_len % block_n:
         raise ValueError(
-            f"topk_ratio={topk_ratio!r} walks a fixed share of the ranked prefix without early "
-            f"stop: set tau <= 0 (got tau={tau!r})"
+            f"segment_len={segment_len} must be a multiple of block_m={block_m} "
+            f"and block_n={block_n}"
         )
-    return ratio
+    if isinstance(local_window, bool) or not isinstance(local_window, int) or local_window < 0:
+        raise ValueError(f"local_window must be an int >= 0, got {local_window!r}")
+    if local_window % block_n:
+        raise ValueError(f"local_window={local_window} must be a multiple of block_n={block_n}")
+    check_scale(scale)
+    if q_perm is None:
+        return effective_q_perm(q_perm, variant)
+    if q_perm and variant == "fused":
+        raise ValueError("variant='fused' does not reorder queries: q_perm=True is not supported")
+    if not isinstance(q_perm, bool):
+        raise ValueError(f"q_perm must be a bool or None, got {q_perm!r}")
+    return q_perm
 
 
 def _check_sort(step1_sort, impl: str) -> None:
@@ -67,13 +118,13 @@ def _check_sort(step1_sort, impl: str) -> None:
 
 def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, tail_rank, **knobs):
     check_per_kernel(launch, LAUNCH_KERNELS)
-    check_choice("impl", impl, ("auto", "reference", "triton"))
+    check_choice("impl", impl, IMPLS)
     check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
     _check_sort(step1_sort, impl)
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     check_s2o_args(**knobs)
-    _check_topk(topk_ratio, knobs["tau"])
+    refuse_topk_with_early_stop(check_topk_ratio(topk_ratio), knobs["tau"])
     check_dense_tail(dense_tail, topk_ratio=topk_ratio, walk_budget=knobs["walk_budget"],
                      causal=causal)  # fmt: skip
     check_tail_rank(tail_rank, dense_tail=dense_tail, causal=causal)
@@ -98,13 +149,12 @@ def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, d
 
 def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, topk_ratio, dense_tail,
              tail_rank, **knobs):  # fmt: skip
-    """Knobs as ``attend`` takes them: the effective ``q_perm`` (validated once), a float tau and
-    topk_ratio, and the Triton launch settings as ``{kernel: Launch}``."""
-    use_q_perm = check_s2o_args(variant=variant, q_perm=q_perm, tau=tau, **knobs)
+    """Knobs as ``attend`` takes them (already validated by ``_check``): the effective
+    ``q_perm``, a float tau and topk_ratio."""
     return dict(
-        knobs, variant=variant, q_perm=use_q_perm, tau=float(tau), step1_sort=step1_sort,
-        impl=impl, causal=causal, launch=launch, topk_ratio=_check_topk(topk_ratio, tau),
-        dense_tail=dense_tail, tail_rank=tail_rank,
+        knobs, variant=variant, q_perm=effective_q_perm(q_perm, variant), tau=float(tau),
+        step1_sort=step1_sort, impl=impl, causal=causal, launch=launch,
+        topk_ratio=check_topk_ratio(topk_ratio), dense_tail=dense_tail, tail_rank=tail_rank,
     )  # fmt: skip
 
 

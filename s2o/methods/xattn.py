@@ -38,9 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from ..api import resolve_impl
 from ..stats import _cdiv
-from ..validation import check_finite, check_positive_int, check_scale
+from ..validation import check_finite, check_positive_int, check_scale, resolve_impl
 from .blocksparse import (
     BlockPlan,
     block_causal,
