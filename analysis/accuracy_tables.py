@@ -120,7 +120,7 @@ def labels(recs: list[dict]) -> None:
         vary = [k for k in keys if len({json.dumps(r["_knobs"].get(k)) for r in rs}) > 1]
         for r in rs:
             text = " ".join(f"{k}={r['_knobs'].get(k)}" for k in vary)
-            r["_label"] = f"{method} {text}".strip()
+            r["_label"] = r["_setting"] = f"{method} {text}".strip()
             rest = " ".join(f"{k}={r['_knobs'].get(k)}" for k in vary
                             if k != MAIN_KNOB.get(method))  # fmt: skip
             r["_series"] = f"{method} {rest}".strip()
@@ -163,7 +163,8 @@ def row(
     dens = [s["density"] for s in lines.values() if s["density"] is not None]
     errs = [s["rel_mse"] for s in lines.values() if s.get("rel_mse") is not None]
     times = [s["prefill_ms"] for s in lines.values() if s.get("prefill_ms") is not None]
-    out = {"label": rec["_label"], "method": rec["method"], "n": ci["n"],
+    out = {"label": rec["_label"], "setting": rec.get("_setting", rec["_label"]),
+           "experiment": rec.get("config", {}).get("name"), "method": rec["method"], "n": ci["n"],
            "acc": 100 * ci["mean"], "lo": 100 * ci["lo"], "hi": 100 * ci["hi"],
            "density": sum(dens) / len(dens) if dens else None, "cmp": None,
            "rel_mse": sum(errs) / len(errs) if errs else None,
@@ -458,12 +459,17 @@ def recipe_section(done: list[tuple], correction: str = CORRECTION, level: int =
     name = CORRECTION_NAME[correction]
     found = []  # (base, length, variant task, label, official row, variant row, comparison)
     for (base, n), variants in sorted(groups.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0])):
-        official = {x["label"]: x for x in by[(base, n)]}
+        official = defaultdict(list)  # a setting's rows under RULER's construction
+        for x in by[(base, n)]:
+            official[x["setting"]].append(x)
         for t in sorted(variants):
             for x in by[(t, n)]:
-                if x["label"] in official:
-                    o = official[x["label"]]
-                    found.append((base, n, t, x["label"], o, x,
+                if official[x["setting"]]:
+                    # the same setting's run from the variant's own experiment (same seed), when
+                    # another experiment (a wider table) holds the official cell too
+                    o = next((y for y in official[x["setting"]]
+                              if y["experiment"] == x["experiment"]), official[x["setting"]][0])
+                    found.append((base, n, t, x["setting"], o, x,
                                   compare_independent(x["scores"], o["scores"])))  # fmt: skip
     for f, q in zip(found, adjust_p([f[-1]["p_value"] for f in found], correction)):
         f[-1]["p_adj"] = q

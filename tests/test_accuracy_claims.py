@@ -17,9 +17,11 @@ from experiments.records import write_record
 from tests.test_accuracy_tables import CLOSE, FULL, LOSSY, root  # noqa: F401 (fixture)
 
 
-def write(base, method: str, knobs: dict, by_task: dict[str, list], density: float = 0.5):
-    """A record whose samples are ``by_task[task]`` scores at length 1024."""
-    rid = hashlib.sha1(json.dumps([method, knobs, sorted(by_task)]).encode()).hexdigest()[:16]
+def write(base, method: str, knobs: dict, by_task: dict[str, list], density: float = 0.5,
+          name: str | None = None):
+    """A record of experiment ``name``, its samples ``by_task[task]`` scores at length 1024."""
+    key = [method, knobs, sorted(by_task)] + ([name] if name else [])
+    rid = hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]
     folder = base / "accuracy" / "ruler" / "m" / method / rid
     folder.mkdir(parents=True)
     lines = []
@@ -34,7 +36,7 @@ def write(base, method: str, knobs: dict, by_task: dict[str, list], density: flo
     metrics = {"benchmark": "ruler", "method": method, "knobs": knobs, "cells": cells(lines)}
     write_record(folder / "record.json", {
         "status": "ok", "id": rid, "kind": "accuracy", "method": method,
-        "config": {"model": {"name": "m"}, "benchmark": {"name": "ruler"}},
+        "config": {"model": {"name": "m"}, "benchmark": {"name": "ruler"}, "name": name},
         "environment": {"time": "2026-11-23T10:00:00+00:00"}, "metrics": metrics})  # fmt: skip
 
 
@@ -101,3 +103,22 @@ def test_recipe_section(tmp_path):
         section
     )
     assert "- full: 0 of 1 variants move its accuracy significantly after Holm." in section
+
+
+def test_recipe_section_pairs_a_variant_with_its_own_experiments_official_run(tmp_path):
+    """A wider table (another experiment) holding the official cell too gives every method two
+    records there (labels then carry ids): each variant is still compared with the official run
+    of its own experiment, and the section's rows and lines name the setting, not a record."""
+    off, var = "niah_single_1", "niah_single_1[depth=50]"
+    for method, knobs in (("full", {}), ("s2o", {"tau": 0.005})):
+        write(tmp_path, method, knobs, {off: [1] * 20}, name="ablation")
+        write(tmp_path, method, knobs, {off: [0] * 20}, name="table")
+    write(tmp_path, "full", {}, {var: [1] * 20}, name="ablation")
+    write(tmp_path, "s2o", {"tau": 0.005}, {var: [1] * 6 + [0] * 14}, name="ablation")
+    text = at.tables(_recs(tmp_path), floor=25)
+    section = text.split("Recipe ablation: which feature moves a method's accuracy", 1)[1]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| niah_single_1")]
+    assert len(rows) == 2, rows
+    s2o = [x.strip() for x in next(r for r in rows if "| s2o |" in r).split("|")[1:-1]]
+    assert s2o[3:7] == ["s2o", "100.0", "30.0", "-70.0"], s2o  # the ablation's own 100%, not 0%
+    assert "- s2o: 1 of 1 variants move its accuracy significantly after Holm" in section
