@@ -467,8 +467,10 @@ def recipe_section(done: list[tuple], correction: str = CORRECTION, level: int =
                 if official[x["setting"]]:
                     # the same setting's run from the variant's own experiment (same seed), when
                     # another experiment (a wider table) holds the official cell too
-                    o = next((y for y in official[x["setting"]]
-                              if y["experiment"] == x["experiment"]), official[x["setting"]][0])
+                    o = next(
+                        (y for y in official[x["setting"]] if y["experiment"] == x["experiment"]),
+                        official[x["setting"]][0],
+                    )
                     found.append((base, n, t, x["setting"], o, x,
                                   compare_independent(x["scores"], o["scores"])))  # fmt: skip
     for f, q in zip(found, adjust_p([f[-1]["p_value"] for f in found], correction)):

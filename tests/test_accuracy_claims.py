@@ -17,8 +17,14 @@ from experiments.records import write_record
 from tests.test_accuracy_tables import CLOSE, FULL, LOSSY, root  # noqa: F401 (fixture)
 
 
-def write(base, method: str, knobs: dict, by_task: dict[str, list], density: float = 0.5,
-          name: str | None = None):
+def write(
+    base,
+    method: str,
+    knobs: dict,
+    by_task: dict[str, list],
+    density: float = 0.5,
+    name: str | None = None,
+):
     """A record of experiment ``name``, its samples ``by_task[task]`` scores at length 1024."""
     key = [method, knobs, sorted(by_task)] + ([name] if name else [])
     rid = hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]
