@@ -47,6 +47,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.tables import markdown as md_table
+from experiments.provenance import git_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -189,7 +190,11 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=int, default=3000, help="do_bench time per timed function")
     ap.add_argument("--taus", default="0.001,0.002,0.003,0.004,0.005,0.01,0.02,0.05")
     ap.add_argument("--tiny", action="store_true", help="CPU dry run: tiny points, fake GPUs 0,1")
-    ap.add_argument("--git-rev", default=_git_rev())
+    ap.add_argument(
+        "--git-rev",
+        default=None,
+        help="the code's revision (default: $S2O_GIT_REV, else git rev-parse HEAD)",
+    )
     ap.add_argument("--budget-s", type=float, default=540, help="stop the sweeps after this long")
     ap.add_argument("--reuse-workers", choices=["true", "false"], default="true")
     ap.add_argument("--overhead", type=int, default=0, metavar="N", help="launcher cost per job")
@@ -197,6 +202,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="--overhead: sweeps per setting")
     args = ap.parse_args()
     args.taus = args.taus.split(",")
+    # one reader with the records: a copied tree's .git may name an older commit than the code
+    args.git_rev = git_revision(args.git_rev)
     args.out = args.out.resolve()
     args.deadline = time.time() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
@@ -371,19 +378,6 @@ def _machine() -> str:
                 break
     python = platform.python_version()
     return f"{platform.platform()}, {model}, {os.cpu_count()} CPUs visible, Python {python}"
-
-
-def _git_rev() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _gpu_names() -> str:

@@ -224,6 +224,17 @@ def test_node_gpus_sweep_tiny_runs_end_to_end(tmp_path):
         assert all(p["status"] == "ok" for p in sweep["points"]), sweep["points"]
 
 
+def test_node_gpus_sweep_takes_the_revision_the_records_take(tmp_path):
+    """Without --git-rev the launcher study stamps $S2O_GIT_REV, as every record does (on a GPU
+    machine that got a copy of the tree, its .git can name an older commit than the code)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "S2O_GIT_REV": "envrev"}
+    cmd = [sys.executable, "benchmarks/node_gpus_sweep.py", "--overhead", "1", "--repeats", "1",
+           "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["git_rev"] == "envrev"
+
+
 @pytest.mark.slow
 def test_harness_paper_scale_smoke_runs_every_step(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
