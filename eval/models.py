@@ -172,6 +172,7 @@ def load(model_cfg: dict, device: torch.device, *, attn_implementation: str = "s
     """
     model_cfg = normalize(model_cfg)
     dtype = getattr(torch, model_cfg["dtype"])
+    LAST_LOAD.clear()
     if model_cfg.get("weights") == "random":
         return random_model(model_cfg, device, dtype, attn_implementation, seed), None
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -179,7 +180,6 @@ def load(model_cfg: dict, device: torch.device, *, attn_implementation: str = "s
     where, extra = _weights_location(model_cfg)
     cached = model_cfg["source"] == "gguf" and model_cfg.get("dequant_cache", True)
     cache_dir = Path(str(model_cfg["cache_dir"]))
-    LAST_LOAD.clear()
     t = time.perf_counter()
     if cached:
         config = _gguf_config(where, extra["gguf_file"], cache_dir)
@@ -213,8 +213,8 @@ def load(model_cfg: dict, device: torch.device, *, attn_implementation: str = "s
 
 
 LAST_LOAD: dict[str, float] = {}
-"""Seconds of each phase of the last :func:`load` of pretrained weights in this process (config,
-weights, tokenizer, to_device): the accuracy record's ``timing.model_load_phases``."""
+"""Seconds of each phase of the last :func:`load` in this process (config, weights, tokenizer,
+to_device; empty after random weights): the accuracy record's ``timing.model_load_phases``."""
 
 
 def _gguf_config(where: str, gguf_file: str, cache_dir: Path):

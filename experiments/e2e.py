@@ -37,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eval import models
-from s2o.hf import sparse_prefill
+from s2o.hf import head_shape, sparse_prefill
 from s2o.methods import bind
 from s2o.methods.full import check_backend_usable
 
@@ -115,9 +115,7 @@ def warm_kernels(model, run, length: int) -> None:
     """Run the bound method once on random Q/K/V of one layer's shape at this length, so that
     compilation (Triton specializes some launch parameters on L; cuDNN builds a plan per shape)
     stays out of the timed prefills."""
-    cfg = model.config.get_text_config()
-    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
+    hq, hkv, d = head_shape(model)
     device, dtype = next(model.parameters()).device, model.dtype
     q = torch.randn(1, hq, length, d, device=device, dtype=dtype)
     k, v = (torch.randn(1, hkv, length, d, device=device, dtype=dtype) for _ in range(2))

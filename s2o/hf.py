@@ -667,14 +667,20 @@ def crossover_key(model, bound: BoundMethod):
     shape, its parameters' device and dtype) and ``bound`` (its knobs without the layer knobs)."""
     from s2o.crossover import CrossoverKey
 
+    hq, hkv, head_dim = head_shape(model)
+    param = next(model.parameters())
+    knobs = {k: v for k, v in bound.config.items() if k not in bound.method.layer_knobs}
+    return CrossoverKey(device_name(param.device), hq, hkv, head_dim,
+                        str(param.dtype).removeprefix("torch."), bound.name, knobs)  # fmt: skip
+
+
+def head_shape(model) -> tuple[int, int, int]:
+    """``(query heads, key/value heads, head_dim)`` of ``model``'s attention layers (its text
+    config; ``head_dim`` from hidden size / heads where the config names none)."""
     text = _text_config(model)
     hq = int(text.num_attention_heads)
     hkv = int(getattr(text, "num_key_value_heads", None) or hq)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // hq
-    param = next(model.parameters())
-    knobs = {k: v for k, v in bound.config.items() if k not in bound.method.layer_knobs}
-    return CrossoverKey(device_name(param.device), hq, hkv, int(head_dim),
-                        str(param.dtype).removeprefix("torch."), bound.name, knobs)  # fmt: skip
+    return hq, hkv, int(getattr(text, "head_dim", None) or text.hidden_size // hq)
 
 
 def _text_config(model):

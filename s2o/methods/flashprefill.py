@@ -225,7 +225,7 @@ def _mean_logits(q_rows, km, corr_rows, scale: float, block_size: int) -> torch.
     return s.masked_fill(~corr_rows, float("-inf"))
 
 
-def _query_chunks(B: int, Hq: int, L: int, width: int, bs: int) -> int:
+def _query_chunks(B: int, Hq: int, width: int, bs: int) -> int:
     """Query blocks per chunk so that a ``[B, Hq, rows, width]`` fp32 tensor stays ~256 MB."""
     return max(1, (1 << 26) // max(1, B * Hq * bs * width))
 
@@ -246,7 +246,7 @@ def mean_corrected_reference(q, k, v, plan: BlockPlan, scale: float | None) -> t
     corr = correction_blocks(plan.mask)
     nb = plan.mask.shape[-1]
     out = torch.empty_like(q)
-    chunk = _query_chunks(B, Hq, L, L + nb, bs)
+    chunk = _query_chunks(B, Hq, L + nb, bs)
     for r0 in range(0, nb, chunk):
         rows = torch.arange(r0 * bs, min((r0 + chunk) * bs, L), device=q.device)
         s_tok = grouped_scores(q[:, :, rows].float(), k.float(), scale)
@@ -276,7 +276,7 @@ def merge_mean_correction(q, k, v, plan: BlockPlan, out, lse, scale: float) -> t
     corr = correction_blocks(plan.mask)
     nb = plan.mask.shape[-1]
     res = torch.empty_like(q)
-    chunk = _query_chunks(B, Hq, L, nb, bs)
+    chunk = _query_chunks(B, Hq, nb, bs)
     for r0 in range(0, nb, chunk):
         rows = torch.arange(r0 * bs, min((r0 + chunk) * bs, L), device=q.device)
         s_mean = _mean_logits(q[:, :, rows], km, corr[:, :, rows // bs], scale, bs)
