@@ -318,7 +318,7 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
     out.append(_explain(len(family), name, floor) if fulls else
                "No `full` record: no paired comparisons.")  # fmt: skip
     if fulls:
-        out += ["", _summary(done, name, floor)]
+        out += ["", _summary(done, name, floor), *_pooled_lines(done, name)]
     timed = all(unshared_gpu(r["environment"]) for r in recs)
     if timed:
         out.append("prefill ms: the mean time of a sample's prefill (the method's attention in "
@@ -439,6 +439,32 @@ def _summary(done: list[tuple], name: str, floor: float) -> str:
         text += (f" {len(gated)} cells are uninformative (`full` below {floor:g}%): "
                  f"{'; '.join(gated)}.")  # fmt: skip
     return text
+
+
+def _pooled_lines(done: list[tuple], name: str) -> list[str]:
+    """One generated line per pooled cell: every method's pooled accuracy, density and adjusted
+    test against `full`, ordered as in its table (a quotable summary of the ``all`` rows)."""
+    out = []
+    for task, length, note, rows in done:
+        ref = next((x for x in rows if x["ref"]), None)
+        if task != "all" or ref is None:
+            continue
+        pool = note[0].split(";")[0].removeprefix("Pooled over ").split(", ")
+        parts = [f"{ref['label']} {ref['acc']:.1f}%"]
+        for x in sorted(rows, key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"])):
+            if x["ref"] or x["cmp"] is None or x["cmp"].get("uninformative"):
+                continue
+            parts.append(
+                f"{x['label']} {x['acc']:.1f}% at density {_f(x['density'], '.3f')} "
+                f"({100 * x['cmp']['diff']:+.1f} points, p {name} {_adj_text(x['cmp'])})"
+            )
+        at = "" if length is None else f" at {length:,} tokens"
+        out += [
+            "",
+            f"- {len(pool)} task{'s' * (len(pool) != 1)} pooled{at}: {'; '.join(parts)} "
+            f"(n={ref['n']} a method).",
+        ]
+    return out
 
 
 def recipe_section(done: list[tuple], correction: str = CORRECTION, level: int = 3) -> list[str]:

@@ -128,3 +128,20 @@ def test_recipe_section_pairs_a_variant_with_its_own_experiments_official_run(tm
     s2o = [x.strip() for x in next(r for r in rows if "| s2o |" in r).split("|")[1:-1]]
     assert s2o[3:7] == ["s2o", "100.0", "30.0", "-70.0"], s2o  # the ablation's own 100%, not 0%
     assert "- s2o: 1 of 1 variants move its accuracy significantly after Holm" in section
+
+
+def test_pooled_line_quotes_every_method_of_the_pooled_cell(tmp_path):
+    """The page's generated pooled line per length names each method's pooled accuracy, density
+    and Holm-adjusted test against `full`, with the numbers of the pooled table's rows."""
+    a, b = "niah_single_1", "vt"
+    write(tmp_path, "full", {}, {a: [1] * 20, b: [1] * 10 + [0] * 10}, density=1.0)
+    write(tmp_path, "s2o", {"tau": 0.005}, {a: [1] * 8 + [0] * 12, b: [1] * 10 + [0] * 10},
+          density=0.25)  # fmt: skip
+    text = at.tables(_recs(tmp_path), floor=25)
+    line = next(ln for ln in text.splitlines() if ln.startswith("- 2 tasks pooled at 1,024"))
+    pooled = [x for x in text.split("### all, length 1024", 1)[1].splitlines()
+              if x.startswith("| s2o")][0]  # fmt: skip
+    assert "| 45.0 [" in pooled and "| -30.0 (n=40) |" in pooled and "| 0.00146 |" in pooled
+    assert line.startswith("- 2 tasks pooled at 1,024 tokens: full 75.0%; s2o 45.0% at density "
+                           "0.250 (-30.0 points, p Holm 0.00146)"), line  # fmt: skip
+    assert line.endswith(" (n=40 a method)."), line

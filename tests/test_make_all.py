@@ -67,16 +67,21 @@ def test_make_all_rebuilds_the_committed_page_and_is_deterministic(built, monkey
 
 
 def test_the_readme_quotes_generated_lines_verbatim(built, monkeypatch):
-    """Every summary line the README or a page of docs/ quotes ("> ... tokens: ...") is a line of
+    """Every summary line the README or a page of docs/ quotes ("> ... tokens: ...", or a page's
+    "what this page shows" line) is a line of
     the pages make_all generates from the pinned records, so a new record cannot leave a stale
     quote behind."""
     monkeypatch.chdir(built)
     make_all.main(["--results", "results"])
     pages = "\n".join(p.read_text() for p in (built / "results" / "figures").glob("*.md"))
+    summary = "**What this page shows** (generated): "
     generated = {line[2:] for line in pages.splitlines() if line.startswith("- ")}
+    generated |= {line.removeprefix(summary) for line in pages.splitlines()
+                  if line.startswith(summary)}  # fmt: skip
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    kinds = (" tokens: ", "informative comparisons")
     quoted = [line[2:] for doc in docs for line in doc.read_text().splitlines()
-              if line.startswith("> ") and " tokens: " in line]  # fmt: skip
+              if line.startswith("> ") and any(k in line for k in kinds)]  # fmt: skip
     assert quoted, "neither the README nor docs/ quotes a generated line"
     stale = [q for q in quoted if q not in generated]
     assert not stale, f"README or docs/ quote lines no page generates (rerun make_all): {stale}"
