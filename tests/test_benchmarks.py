@@ -235,6 +235,29 @@ def test_node_gpus_sweep_takes_the_revision_the_records_take(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["git_rev"] == "envrev"
 
 
+def test_node_gpus_sweep_reports_no_speedup_over_an_incomplete_sweep():
+    """A sweep cut by --budget-s (the 1-GPU one at 7 of 8 points, as on two H100s at a7eb891)
+    has no comparable wall time: the summary says why instead of a speedup; the input cache
+    reaches every point of a GPU sweep (the warm-up point fills it)."""
+    import argparse
+
+    from benchmarks import node_gpus_sweep as ns
+
+    pts = [{"status": "ok"}] * 8
+    s = {"sweeps": {"2gpu": {"returncode": 0, "points": pts},
+                    "1gpu": {"returncode": "timeout (--budget-s)", "points": pts[:7]}}}  # fmt: skip
+    assert ns.incomplete(s, 8) == ["1gpu: 7 of 8 points ok, exit timeout (--budget-s)"]
+    s["sweeps"]["1gpu"] = {"returncode": 0, "points": pts}
+    assert ns.incomplete(s, 8) == []
+    s["sweeps"]["2gpu"]["points"] = pts[:7] + [{"status": "error"}]
+    assert ns.incomplete(s, 8) == ["2gpu: 7 of 8 points ok, exit 0"]
+    args = argparse.Namespace(tiny=False, taus=["0.005"], L=65536, S=2048, rep_ms=1500,
+                              input_cache="/x/input_cache")  # fmt: skip
+    assert "input_cache=/x/input_cache" in ns.sweep_args(args)
+    args.input_cache = None
+    assert not any(o.startswith("input_cache=") for o in ns.sweep_args(args))
+
+
 @pytest.mark.slow
 def test_harness_paper_scale_smoke_runs_every_step(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
