@@ -611,7 +611,7 @@ def figure(recs: list[dict], out: Path) -> Path:
                fontsize=8)  # fmt: skip
     bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
     fig.suptitle(f"{bench}, {model}: accuracy vs density (95% intervals)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / (3.0 * nrow)))  # room for the title
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -703,7 +703,7 @@ def error_figure(recs: list[dict], out: Path) -> Path | None:
     bench, model = recs[0]["metrics"]["benchmark"], recs[0]["config"]["model"]["name"]
     fig.suptitle(f"{bench}, {model}: accuracy vs operator error (each point a method setting)",
                  fontsize=10)  # fmt: skip
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / (3.0 * nrow)))  # room for the title
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
