@@ -1,7 +1,7 @@
 """benchmarks/migrate_legacy_records.py: one old record of each layout (``tests/data/
 legacy_records/``, byte copies of committed records before the migration) becomes exactly the
-record the current scripts would write, keeps every measured number where they put it, and a
-second run changes nothing."""
+committed migrated record, keeps every measured number where the current scripts put it, and a
+second run changes nothing; analysis refuses a record of an old layout by name."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import shutil
 import pytest
 from harness_util import ROOT
 
+from analysis import bench_records as br
 from benchmarks import migrate_legacy_records as mig
 
 DATA = ROOT / "tests" / "data" / "legacy_records"
@@ -30,10 +31,11 @@ def _load(name: str) -> tuple[dict, bytes]:
 
 
 @pytest.mark.parametrize("name", list(COMMITTED))
-def test_migration_keeps_the_provenance(name):
+def test_migration_reproduces_the_committed_record(name):
     old, raw = _load(name)
     assert mig.legacy_schema(old) == name
     new = mig.migrate(old, raw)
+    assert new == json.loads((ROOT / COMMITTED[name]).read_text())
     assert new["migrated_from"] == {"schema": f"legacy {name}",
                                     "sha256": hashlib.sha256(raw).hexdigest()}  # fmt: skip
     assert new["kind"] == "benchmark" and new["benchmark"] == name and new["status"] == "ok"
@@ -101,3 +103,12 @@ def test_unknown_old_layout_is_named(tmp_path):
     (tmp_path / "odd.json").write_text(json.dumps(odd))
     with pytest.raises(mig.LegacyError, match=r"odd\.json.*no known layout"):
         mig.migrate_tree(tmp_path)
+
+
+@pytest.mark.parametrize("name", list(COMMITTED))
+def test_analysis_refuses_a_record_of_an_old_layout(name):
+    old, _ = _load(name)
+    with pytest.raises(br.SchemaError, match="not a benchmark record.*migrate_legacy_records"):
+        br.machine(old)
+    with pytest.raises(br.SchemaError, match="`kind`"):
+        br.abcd_frame(old)
