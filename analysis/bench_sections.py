@@ -1,12 +1,12 @@
 """The artifacts of ``make_all`` that come from the kernel benchmark records: the ABCD tables
 (causal, non-causal) with the per-component overhead table, and the retrieval (Step 1) latency
-table. Every table is one DataFrame of records (:mod:`analysis.bench_records`, which reads every
-schema the benchmarks have written) through :func:`analysis.tables.markdown`.
+table. Every table is one DataFrame of records (:mod:`analysis.bench_records`, which reads the
+harness's benchmark schema and refuses any other) through :func:`analysis.tables.markdown`.
 
 ``records.kernels.abcd`` in ``results/manifest.yaml`` is a path or a list of paths (an ``abcd`` or
 ``bench_s2o`` record each; a later record's row replaces an earlier one's at the same (L, case));
-``records.kernels.step1`` a ``retrieval_latency`` record (or the old Step-1 probe, then the flash
-column comes from ``records.kernels.default``).
+``records.kernels.step1`` a ``retrieval_latency`` record (or a migrated Step-1 probe,
+``step1_probe``, then the flash column comes from ``records.kernels.default``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ def pinned(ctx, key: str) -> list[tuple[dict, str]]:
     for rel in rels:
         path = Path(ctx.results) / rel
         if path.is_file():
-            out.append((json.loads(path.read_text()), f"results/{rel}"))
+            rec = json.loads(path.read_text())
+            try:
+                br.benchmark(rec)
+            except br.SchemaError as e:
+                raise br.SchemaError(f"results/{rel} (records.{key}): {e}") from None
+            out.append((rec, f"results/{rel}"))
     return out
 
 

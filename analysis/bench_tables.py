@@ -1,4 +1,4 @@
-"""The tables of one benchmark record (any schema, :mod:`analysis.bench_records`), as markdown.
+"""The tables of one benchmark record (:mod:`analysis.bench_records`), as markdown.
 
     python -m analysis.bench_tables results/benchmarks/bench_s2o/<id>/record.json [...]
 
@@ -23,9 +23,7 @@ from analysis.tables import markdown
 
 
 def _lengths(rec: dict) -> list[dict]:
-    """``bench_s2o``'s per-length entries with ``flash_ms`` / ``cudnn_ms`` in either schema."""
-    if rec.get("kind") != "benchmark":
-        return rec["lengths"]
+    """``bench_s2o``'s per-length entries with ``flash_ms`` / ``cudnn_ms``."""
     return [{**x, "flash_ms": x["full_ms"].get("flash", x["full_ms"].get("math")),
              "cudnn_ms": x["full_ms"].get("cudnn")} for x in rec["metrics"]["lengths"]]  # fmt: skip
 
@@ -33,7 +31,7 @@ def _lengths(rec: dict) -> list[dict]:
 def s2o_frame(rec: dict) -> pd.DataFrame:
     """Per (L, tau): flash, cuDNN, Step 1 at the kernel's S, no-skip kernel, density, sparse
     kernel, total, and the speedups of the total."""
-    seg = str(rec["config"]["segment_len"] if rec.get("kind") == "benchmark" else 2048)
+    seg = str(rec["config"]["segment_len"])
     rows = []
     for x in _lengths(rec):
         st1, s = x["step1_ms"][seg], x["s2o"]
@@ -54,8 +52,8 @@ def step1_by_s(rec: dict) -> pd.DataFrame:
 
 
 def baselines_frames(rec: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(methods, kernel)`` of a ``bench_baselines`` record (either schema)."""
-    m = rec["metrics"] if rec.get("kind") == "benchmark" else rec
+    """``(methods, kernel)`` of a ``bench_baselines`` record."""
+    m = rec["metrics"]
     methods = pd.DataFrame([r for r in m["methods"] if "error" not in r])
     methods["total_ms"] = methods["time_estimate_ms"] + methods["time_attention_ms"]
     return methods, pd.DataFrame(m["kernel"])
@@ -98,7 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("records", nargs="+", type=Path)
     for path in ap.parse_args(argv).records:
-        print(f"## {path}\n\n{tables(json.loads(path.read_text()))}")
+        try:
+            text = tables(json.loads(path.read_text()))
+        except br.SchemaError as e:
+            raise br.SchemaError(f"{path}: {e}") from None
+        print(f"## {path}\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """benchmarks/: every script runs end to end in its CPU smoke mode (Triton interpreter, tiny
 shapes, without the harness's packages) and writes one record in the harness's schema; the
-analysis reads those records and the old ones; the ABCD variant B reads the same keys as Step 1's
-ranked sets; no two benchmark files import each other in a circle."""
+analysis reads those records and the migrated old ones; the ABCD variant B reads the same keys as
+Step 1's ranked sets; no two benchmark files import each other in a circle."""
 
 from __future__ import annotations
 
@@ -128,18 +128,22 @@ def test_the_analysis_reads_the_smoke_records(records, tmp_path):
     assert len(ms) == 4 and "| 4K |" in table  # the paper's rows stay, ours have L < 1K
 
 
-def test_old_records_read_through_the_adapter():
-    """The committed records of the former schemas give the same numbers as their own fields."""
+def test_migrated_records_read_through_the_one_schema():
+    """The committed records of the former scripts, migrated to the harness's schema
+    (``benchmarks/migrate_legacy_records.py``), give the same numbers as their own fields."""
     old = json.loads((ROOT / "results/kernels/run8/cub_311baa7/bench_NVIDIA_H200.json").read_text())
+    lengths = old["metrics"]["lengths"]
+    abcd = [{"L": x["L"], **x["abcd"]} for x in lengths if "abcd" in x]
     df = br.abcd_frame(old)
-    assert len(df) == len(old["abcd"]) and bool(df["causal"].all())
-    want = {r["L"]: r["A"] for r in old["abcd"]}
+    assert len(df) == len(abcd) and bool(df["causal"].all())
+    want = {r["L"]: r["A"] for r in abcd}
     assert {int(r.L): r.A for r in df.itertuples()} == want
-    assert br.machine(old) == {"gpu": "NVIDIA H200", "git": "311baa7", "date": old["env"]["date"]}
+    date = old["environment"]["time"]
+    assert br.machine(old) == {"gpu": "NVIDIA H200", "git": "311baa7", "date": date}
     probe = json.loads((ROOT / "results/kernels/run8/step1_probe_07f2549.json").read_text())
     steps = br.step1_frame(probe)
-    assert len(steps) == sum(r["scores"] == "default" for r in probe["by_L"])
-    assert list(br.flash_frame(old)["flash_ms"]) == [x["flash_ms"] for x in old["lengths"]]
+    assert len(steps) == sum(r["scores"] == "default" for r in probe["metrics"]["by_L"])
+    assert list(br.flash_frame(old)["flash_ms"]) == [x["full_ms"]["flash"] for x in lengths]
     base = json.loads((ROOT / "results/baselines/bench_baselines.json").read_text())
     with pytest.raises(br.SchemaError, match="not an ABCD record"):
         br.abcd_frame(base)
@@ -274,7 +278,8 @@ def test_harness_paper_scale_smoke_runs_every_step(tmp_path):
 
 @pytest.mark.interpreter
 def test_bench_tables_print_every_record(records, capsys):
-    """``python -m analysis.bench_tables`` on the smoke records and on committed old ones."""
+    """``python -m analysis.bench_tables`` on the smoke records and on committed (migrated) old
+    ones."""
     from analysis import bench_tables
 
     old = [ROOT / "results/kernels/run8/cub_311baa7/bench_NVIDIA_H200.json",
