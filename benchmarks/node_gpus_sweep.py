@@ -17,15 +17,16 @@ Writes under ``--out``: ``sweep_<n>gpu/`` (Hydra's sweep folder: ``node_gpus.jso
 ran each point and when, ``.node_gpus/*.log`` each job's output), ``results_<n>gpu/`` (the run
 records), ``nvidia_smi_<n>gpu.csv`` (index, utilization, memory every second) and
 ``compute_apps_<n>gpu.csv`` (which process held memory on which GPU), ``run_<n>gpu.log`` (the
-launcher's output), ``summary.json`` and ``summary.md`` (wall times, speedup, the GPU of each
-point, each GPU's mean utilization and busy fraction while the sweep ran). ``--reuse-workers
-false`` runs both sweeps with a new process per job (the launcher's ``reuse_workers``).
+launcher's output) and ``summary.json`` (wall times, speedup, the GPU of each point, each GPU's
+mean utilization and busy fraction while the sweep ran; ``python -m analysis.launchers
+<out>/summary.json`` writes its tables to ``summary.md``). ``--reuse-workers false`` runs both
+sweeps with a new process per job (the launcher's ``reuse_workers``).
 
 ``--overhead N`` measures the launcher's cost per job instead, on any machine (a CPU is enough):
 N trivial points (``dry_run=true`` at its tiny size, ``timing.enabled=false``, one per seed)
 through ``node_gpus`` on fake GPUs (``--fake-gpus``, default one), with ``reuse_workers=true``
-and ``=false``, alternating, ``--repeats`` times each. It writes ``summary.json``,
-``summary.md``, each sweep's ledger (``node_gpus_<tag>.jsonl``) and launcher log
+and ``=false``, alternating, ``--repeats`` times each. It writes ``summary.json`` (its page:
+``analysis.launchers``), each sweep's ledger (``node_gpus_<tag>.jsonl``) and launcher log
 (``run_<tag>.log``) under ``--out``; the jobs' pickles and records go to a temporary folder.
 """
 
@@ -47,9 +48,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pandas as pd
-
-from analysis.tables import markdown as md_table
 from experiments.provenance import git_revision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,8 +250,7 @@ def main() -> None:
     # a sweep cut short (budget, a failed point) has no comparable wall time: no speedup
     summary["speedup_2gpu_over_1gpu"] = None if cut else round(one["wall_s"] / two["wall_s"], 3)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (args.out / "summary.md").write_text(markdown(summary))
-    print(markdown(summary))
+    print(brief(summary, args.out))
 
 
 def incomplete(s: dict, n_points: int) -> list[str]:
@@ -268,46 +265,20 @@ def incomplete(s: dict, n_points: int) -> list[str]:
     return out
 
 
-def markdown(s: dict) -> str:
-    two, one = s["sweeps"]["2gpu"], s["sweeps"]["1gpu"]
-    speedup = s["speedup_2gpu_over_1gpu"]
-    lines = [
-        f"# node_gpus sweep, rev {s['git_rev']}, {s['time']}",
-        "",
-        f"GPUs: {s['gpus']}",
-        "",
-        f"Command: `{s.get('command', '?')}`",
-        "",
-        f"- all visible GPUs: {two['wall_s']:.1f} s wall (exit {two['returncode']})",
-        f"- GPU 0 alone: {one['wall_s']:.1f} s wall (exit {one['returncode']})",
-        f"- speedup: {speedup:.2f}x"
-        if speedup is not None
-        else f"- speedup: not measured (a sweep is incomplete: {'; '.join(s['incomplete'])})",
-        "",
-    ]
-    df = pd.DataFrame(
-        [
-            {
-                "sweep": tag,
-                "point": p["point"],
-                "GPU": p["gpu"],
-                "seen by job": p["gpu_seen_by_job"],
-                "CPUs": p.get("cpus"),
-                "worker pid (job)": f"{p['pid']} ({p['worker_job']})",
-                "elapsed s": p["elapsed_s"],
-                "job s": p["job_s"],
-                "status": p["status"],
-            }
-            for tag in ("2gpu", "1gpu")
-            for p in s["sweeps"][tag]["points"]
-        ]
-    ).astype(object)
-    lines.append(md_table(df, {"elapsed s": ".1f"}))
-    lines += ["", "nvidia-smi during each sweep (1 s samples): mean utilization %, fraction >= 50%"]
-    for tag in ("2gpu", "1gpu"):
-        use = s["sweeps"][tag]["gpu_use"]
-        lines.append(f"- {tag}: {json.dumps(use) if use else 'no nvidia-smi samples'}")
-    return "\n".join(lines) + "\n"
+def brief(s: dict, out: Path) -> str:
+    """What the sweep prints: wall times and the speedup (or why there is none), or the wall per
+    job of the overhead sweeps; the tables are analysis's (``python -m analysis.launchers``)."""
+    if isinstance(s["sweeps"], list):  # --overhead
+        lines = [f"{r['tag']}: exit {r['returncode']}, {r['wall_per_job_s']:.3f} s wall per job"
+                 for r in s["sweeps"]]  # fmt: skip
+    else:
+        two, one = s["sweeps"]["2gpu"], s["sweeps"]["1gpu"]
+        sp = s["speedup_2gpu_over_1gpu"]
+        lines = [f"all visible GPUs: {two['wall_s']:.1f} s, GPU 0 alone: {one['wall_s']:.1f} s",
+                 f"speedup: {sp:.2f}x" if sp is not None else
+                 f"speedup: not measured ({'; '.join(s['incomplete'])})"]  # fmt: skip
+    tables = f"python -m analysis.launchers {out / 'summary.json'}"
+    return "\n".join([*lines, f"summary: {out / 'summary.json'} (tables: {tables})"])
 
 
 def overhead(args: argparse.Namespace) -> None:
@@ -343,8 +314,7 @@ def overhead(args: argparse.Namespace) -> None:
                     | stats
                 )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (args.out / "summary.md").write_text(overhead_markdown(summary))
-    print(overhead_markdown(summary))
+    print(brief(summary, args.out))
 
 
 def per_job(rows: list[dict], wall_s: float, n: int) -> dict:
@@ -363,42 +333,6 @@ def per_job(rows: list[dict], wall_s: float, n: int) -> dict:
         "later_jobs_elapsed_s": med([r["elapsed_s"] for r in ok if r["worker_job"] > 1]),
         "worker_processes": len({r["pid"] for r in rows}),
     }
-
-
-def overhead_markdown(s: dict) -> str:
-    lines = [
-        f"# node_gpus cost per job, rev {s['git_rev']}, {s['time']}",
-        "",
-        f"Machine: {s['machine']}; GPUs: {s['gpus']}",
-        "",
-        f"CUDA_VISIBLE_DEVICES={s['cuda_visible_devices']} (one worker per listed value)",
-        "",
-        f"Command: `{s['command']}`",
-        "",
-        f"{s['points']} trivial points per sweep (run.py dry_run=true, timing off). elapsed: "
-        "hand-off to result in the launcher; job: Hydra and the task in the worker; overhead: the "
-        "difference (process start, imports, unpickling, result, process exit). Medians.",
-        "",
-    ]
-    cols = {
-        "tag": "sweep", "returncode": "exit", "ok": "ok", "wall_s": "wall s",
-        "wall_per_job_s": "wall per job s", "median_elapsed_s": "elapsed s",
-        "median_job_s": "job s", "median_overhead_s": "overhead s",
-        "first_job_of_worker_elapsed_s": "1st job of a worker s",
-        "later_jobs_elapsed_s": "later jobs s", "worker_processes": "processes",
-        "loadavg_before": "load avg before",
-    }  # fmt: skip
-    df = pd.DataFrame([{v: r[k] for k, v in cols.items()} for r in s["sweeps"]]).astype(object)
-    loadavg = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
-    lines.append(
-        md_table(df, {"wall s": ".1f", "wall per job s": ".3f", "load avg before": loadavg})
-    )
-    on = [r["wall_per_job_s"] for r in s["sweeps"] if r["reuse_workers"]]
-    off = [r["wall_per_job_s"] for r in s["sweeps"] if not r["reuse_workers"]]
-    if on and off:
-        ratio = statistics.mean(off) / statistics.mean(on)
-        lines += ["", f"Wall per job, reuse off / on (mean over sweeps): {ratio:.2f}x"]
-    return "\n".join(lines) + "\n"
 
 
 def _machine() -> str:
