@@ -212,7 +212,7 @@ def section(ctx) -> Section:
     if fit is None:
         sec.missing_line(
             "the calibration fit record (records.calibration_fit)",
-            "`python -m eval.calibrate --model smollm2_135m --L 4096` "
+            "`python -m experiments.calibration_fit --model smollm2_135m --L 4096` "
             "(CPU: 120 evaluations of about 4 s each on 2 cores, plus the capture)",
         )
     else:
