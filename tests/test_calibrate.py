@@ -76,9 +76,8 @@ def test_the_fit_record_is_written_through_records_with_provenance_and_rules(tmp
         records.write_record(path, record)
 
     monkeypatch.setattr(calibration_fit, "write_record", spy)
-    monkeypatch.setenv("S2O_GIT_REV", "feedc0de")
     path = tmp_path / "fit" / "record.json"
-    out = ["--out", str(tmp_path / "c.yaml"), "--record", str(path)]
+    out = ["--rev", "feedc0de", "--out", str(tmp_path / "c.yaml"), "--record", str(path)]
     rec = calibration_fit.main(["--synthetic-target", "--L", "1536", "--fit-heads", "2", "1",
                                 "--fit-seeds", "100", "--report-seeds", "0", "--max-evals", "3",
                                 *out])  # fmt: skip
