@@ -1,16 +1,18 @@
 """The calibration check: the methods on real captured attention and on the calibrated input.
 
-Reads the fit record (``records.calibration_fit``, ``eval/calibrate.py``) and the kind=matched
-records of experiment=calibration_check_real / _calibrated / _default (pinned under
-``experiments:``), and reports: the fitted statistics against the real ones, and, at each target
-sparsity, every method's MSE on the three inputs, the methods' order by MSE and each baseline's MSE
-over S2O's. How close: whether the order is the same as on the real capture, and the largest factor
-between a method's MSE ratio (method / S2O) on the synthetic input and on the real one. The
-calibrated input is called close when it has the real order at every target sparsity and every
-MSE ratio within ``CLOSE_FACTOR`` of the real one, on the pinned record and on every other draw
-(seed) pinned under ``records.calibration_calibrated_seeds``; the default input is shown for
-contrast, and the single-layer real records (``records.calibration_real_by_layer``) show how
-much the real ratios depend on the layer.
+Reads the fit record (``records.calibration_fit``, ``experiments/calibration_fit.py``) and the
+kind=matched records of experiment=calibration_check_real / _calibrated / _default (pinned under
+``experiments:``), records only: the statistics fitted and the knobs' bounds come from the fit
+record (``stats``, ``bounds``), the reach rule from each matched record
+(``metrics.reach_sparsity``). It reports: the fitted statistics against the real ones, and, at
+each target sparsity, every method's MSE on the three inputs, the methods' order by MSE and each
+baseline's MSE over S2O's. How close: whether the order is the same as on the real capture, and
+the largest factor between a method's MSE ratio (method / S2O) on the synthetic input and on the
+real one. The calibrated input is called close when it has the real order at every target
+sparsity and every MSE ratio within ``CLOSE_FACTOR`` of the real one, on the pinned record and on
+every other draw (seed) pinned under ``records.calibration_calibrated_seeds``; the default input
+is shown for contrast, and the single-layer real records (``records.calibration_real_by_layer``)
+show how much the real ratios depend on the layer.
 """
 
 from __future__ import annotations
@@ -23,9 +25,6 @@ from analysis.plotting import save, setup
 from analysis.records import device_label
 from analysis.sections import Section
 from analysis.tables import markdown
-from eval.calibrate import BOUNDS
-from eval.calibrate import STATS as FIT_STATS
-from experiments.matched import REACH_SPARSITY
 
 INPUTS = {
     "real": "real capture",
@@ -33,34 +32,39 @@ INPUTS = {
     "default": "default synthetic",
 }
 SHOWN = 0.3  # the plot shows the curves from this sparsity on (the targets are 0.5-0.7)
-# a method counts at a target sparsity when its bisection ended this close to it: the rule the
-# matched-sparsity job applies to its ratios, one constant
-TOL = REACH_SPARSITY
 CLOSE_FACTOR = 2.0  # the calibrated input is close when every MSE ratio is within this factor
 
 
+def reach(rec: dict) -> float:
+    """The record's reach rule (``metrics.reach_sparsity``): a method counts at a target sparsity
+    when its bisection ended this close to it (the rule the matched job applies to its ratios)."""
+    return rec["metrics"]["reach_sparsity"]
+
+
 def _at_sparsity(rec: dict) -> pd.DataFrame:
+    """One row per method and target sparsity; ``hit``: the bisection reached the target."""
     rows = []
     for name, r in rec["metrics"]["methods"].items():
         for p in r.get("at_sparsity", []):
             rows.append(
                 {"method": name, "target": p["target"], "sparsity": p["sparsity"], "mse": p["mse"]}
             )
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    df["hit"] = (df["sparsity"] - df["target"]).abs() <= reach(rec)
+    return df
 
 
 def compare(recs: dict[str, dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(per-method table, per-target closeness)`` from the matched records by input.
 
-    A method whose bisection ended more than ``TOL`` from the target sparsity (its knob range
-    cannot reach it) is left out of that target's order and ratios."""
+    A method whose bisection ended farther from the target sparsity than its record's reach rule
+    allows (its knob range cannot reach it) is left out of that target's order and ratios."""
     frames = []
     for key, rec in recs.items():
         df = _at_sparsity(rec)
         df["input"] = key
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
-    df["hit"] = (df["sparsity"] - df["target"]).abs() <= TOL
     s2o = df[(df["method"] == "s2o") & df["hit"]].set_index(["input", "target"])["mse"]
     df["vs S2O"] = [
         m / s2o.get((i, t), math.nan) if hit else math.nan
@@ -148,11 +152,11 @@ def verdict(df: pd.DataFrame, close: pd.DataFrame, seeds: dict | None = None) ->
 
 def by_layer(recs: dict[str, dict]) -> pd.DataFrame:
     """MSE over S2O's per method and target sparsity, one column per single-layer real record
-    (empty where the method or S2O ended more than ``TOL`` from the target)."""
+    (empty where the method or S2O did not reach the target: ``reach``)."""
     rows = []
     for key, rec in recs.items():
         df = _at_sparsity(rec)
-        df = df[(df["sparsity"] - df["target"]).abs() <= TOL]
+        df = df[df["hit"]]
         s2o = df[df["method"] == "s2o"].set_index("target")["mse"]
         for t, m, mse in zip(df["target"], df["method"], df["mse"]):
             if t in s2o.index:
@@ -212,11 +216,11 @@ def section(ctx) -> Section:
     if fit is None:
         sec.missing_line(
             "the calibration fit record (records.calibration_fit)",
-            "`python -m eval.calibrate --model smollm2_135m --L 4096` "
+            "`python -m experiments.calibration_fit --model smollm2_135m --L 4096` "
             "(CPU: 120 evaluations of about 4 s each on 2 cores, plus the capture)",
         )
     else:
-        stats = [s for s in FIT_STATS if s in fit["target"]]  # older records have fewer
+        stats = [s for s in fit["stats"] if s in fit["target"]]
         rows = [
             {
                 "statistic": s,
@@ -235,7 +239,8 @@ def section(ctx) -> Section:
             }
         )
         knobs = ", ".join(f"{k}={v:g}" for k, v in fit["knobs"].items())
-        at_bound = [k for k, v in fit["knobs"].items() if k in BOUNDS and v in BOUNDS[k]]
+        bounds = fit["bounds"]
+        at_bound = [k for k, v in fit["knobs"].items() if k in bounds and v in bounds[k]]
         inp = fit["input"]
         sec.sources.append(
             f"`{fpath}` ({inp.get('model', inp.get('synthetic'))}, text "
@@ -308,11 +313,12 @@ def section(ctx) -> Section:
         ["target", "method"] + [f"{a} {INPUTS[k]}" for a in ("MSE", "vs S2O") for k in recs]
     ]
     fmt = {c: ".2f" for c in wide.columns if c.startswith("vs S2O")}
+    tol = " or ".join(str(t) for t in sorted({reach(r) for r in recs.values()}))
     sec.body += [
         "**The check**: each method's main knob bisected to each target sparsity (kind=matched, "
         "L=4096, S=512, 9 query / 3 KV heads, head_dim 64, fp32 CPU reference paths); MSE and "
         "MSE over S2O's on each input. `(at x)`: the method's knob range could not reach the "
-        f"target (it ended at sparsity x, more than {TOL} away); such a point is left out of the "
+        f"target (it ended at sparsity x, more than {tol} away); such a point is left out of the "
         "order and the ratios.",
         "",
         markdown(wide, fmt),

@@ -17,7 +17,7 @@ import pandas as pd
 
 from analysis.records import device_label
 from analysis.tables import markdown
-from experiments.e2e import amdahl_ms
+from eval.amdahl import amdahl_ms
 
 COLUMNS = (
     ("config", "label", None), ("L", "L", None), ("density", "density", ".3f"),

@@ -25,8 +25,9 @@ FIG4A = (
 
 def _fig4a_table(rec: dict) -> pd.DataFrame | None:
     """MSE per method at each target sparsity, ``(at x)`` where the method's knob range ended at
-    sparsity x instead (more than ``calibration_check.TOL`` away), and the record's best baseline
-    over S2O (``experiments.matched.ratios``: only methods that reached the target count)."""
+    sparsity x instead (farther than the record's reach rule, ``calibration_check.reach``), and
+    the record's best baseline over S2O (``experiments.matched.ratios``: only methods that reached
+    the target count)."""
     rows = [
         {"method": name, "target": p["target"], "sparsity": p["sparsity"], "mse": p["mse"]}
         for name, r in rec["metrics"]["methods"].items()
@@ -36,7 +37,7 @@ def _fig4a_table(rec: dict) -> pd.DataFrame | None:
     if not rows:
         return None
     df = pd.DataFrame(rows)
-    hit = (df["sparsity"] - df["target"]).abs() <= calibration_check.TOL
+    hit = (df["sparsity"] - df["target"]).abs() <= calibration_check.reach(rec)
     df["cell"] = [
         f"{m:.3e}" + ("" if h else f" (at {sp:.2f})")
         for m, h, sp in zip(df["mse"], hit, df["sparsity"])

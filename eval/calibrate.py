@@ -1,7 +1,6 @@
-"""Fit the synthetic generator's knobs to statistics of real captured attention.
-
-    PYTHONPATH=. S2O_CACHE=cache python -m eval.calibrate --model smollm2_135m --L 4096 \
-        --out conf/data/synthetic_calibrated.yaml --record results/captures/calibration_fit.json
+"""Fit the synthetic generator's knobs to statistics of real captured attention: the statistics
+and the fit. The command that runs a fit and writes its record is ``experiments/calibration_fit.py``
+(eval imports no ``experiments``: the record's writer and provenance live there).
 
 Statistics of one head's causal attention (``attention_stats``), over the rows of the second half
 (every ``row_step``-th row; those rows see every key of the first half):
@@ -36,20 +35,17 @@ knobs do not fit one draw's few heavy keys, topic regions and head scales) again
 target over the knobs ``KNOBS`` (strengths, counts and lengths; ``n_slash``, ``key_mean``,
 ``frac_horizontal``, ``n_topics`` stay at their defaults), with Nelder-Mead on the log of the
 knobs (``n_heavy`` and ``topic_span`` rounded), from the defaults and, for the knobs that are off
-by default (topics, drift), from ``START``. It writes a ``conf/data/`` file (the paper's
-shape: 32 query / 8 KV heads, head_dim 128, 128K; the strengths are in logit units, so they carry
-over across head_dim, but the counts and lengths were fitted at the capture's L) and a record with
-the targets, every head's statistics, the fit's trace, the fitted statistics and each single
-draw's loss (``--report-seeds``) at the start and at the fit.
+by default (topics, drift), from ``START``. :func:`write_conf` writes the fitted knobs as a
+``conf/data/`` file (the paper's shape: 32 query / 8 KV heads, head_dim 128, 128K; the strengths
+are in logit units, so they carry over across head_dim, but the counts and lengths were fitted at
+the capture's L).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,7 +53,6 @@ import torch
 
 from .synthetic import SyntheticSpec, synthetic_qkv
 
-ROOT = Path(__file__).resolve().parents[1]
 LOCAL = 64
 STATS = ("sink", "heavy", "local", "background_std", "row_spread", "keys90", "tile_keys90",
          "band_excess", "tile_share", "block_scatter", "tile_overlap", "head_spread")  # fmt: skip
@@ -364,106 +359,3 @@ def real_stats(model: str, L: int, layers: list[int] | None) -> tuple[list[dict]
             per_head.append({"layer": layer, "head": h, **st})
     info.pop("cache", None), info.pop("cache_hit", None)
     return per_head, info, D
-
-
-def _git_rev() -> str | None:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                       text=True)  # fmt: skip
-    return r.stdout.strip() or None
-
-
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", default="smollm2_135m", help="conf/model/<name>.yaml")
-    ap.add_argument("--L", type=int, default=4096)
-    ap.add_argument("--layers", type=int, nargs="*", default=None, help="default: capture_layers")
-    ap.add_argument(
-        "--fit-heads",
-        type=int,
-        nargs=2,
-        default=(9, 3),
-        metavar=("HQ", "HKV"),
-        help="heads of one draw (default: a SmolLM2 layer's, the check's shape)",
-    )
-    ap.add_argument(
-        "--fit-seeds",
-        type=int,
-        nargs="+",
-        default=[100, 101, 102],
-        help="draws whose heads are pooled per evaluation (default: three, none of the check's "
-        "seeds 0-3)",
-    )
-    ap.add_argument(
-        "--report-seeds",
-        type=int,
-        nargs="*",
-        default=[0, 1, 2, 3],
-        help="single draws whose loss the record gives for the start and the fitted knobs",
-    )
-    ap.add_argument(
-        "--topic-balance",
-        action="store_true",
-        help="fit the generator with topic_balance (every topic the same number of regions)",
-    )
-    ap.add_argument("--max-evals", type=int, default=120)
-    ap.add_argument(
-        "--start",
-        type=Path,
-        default=None,
-        help="a conf/data file whose knobs (those > 0) start the search (default: the defaults)",
-    )
-    ap.add_argument("--out", type=Path, default=Path("conf/data/synthetic_calibrated.yaml"))
-    ap.add_argument("--record", type=Path, default=Path("results/captures/calibration_fit.json"))
-    ap.add_argument(
-        "--synthetic-target",
-        action="store_true",
-        help="target: the default generator's own statistics (a self-test, no model)",
-    )
-    args = ap.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    if args.synthetic_target:
-        spec = SyntheticSpec(L=args.L, heads_q=2, heads_kv=1, head_dim=64)
-        q, k, _ = synthetic_qkv(spec)
-        per_head, D = layer_stats(q, k), 64
-        info = {"synthetic": "eval/synthetic.py defaults", "L": args.L}
-    else:
-        per_head, info, D = real_stats(args.model, args.L, args.layers)
-    target = median_stats(per_head)
-    start = None
-    if args.start is not None:
-        from omegaconf import OmegaConf
-
-        conf = OmegaConf.load(args.start)
-        start = {k: conf[k] for k in KNOBS if k in conf and conf[k] > 0}
-    heads, seeds = tuple(args.fit_heads), tuple(args.fit_seeds)
-    fixed = {"topic_balance": True} if args.topic_balance else {}
-    knobs, fitted, trace = fit(target, args.L, heads, D, args.max_evals, start, seeds, fixed)
-    default = synthetic_stats({}, args.L, heads[0], heads[1], D, seeds)
-    report = tuple(args.report_seeds)
-    per_draw = {
-        "seeds": list(report),
-        "start": draw_losses(trace[0]["knobs"], target, args.L, heads, D, report),
-        "fitted": draw_losses(knobs, target, args.L, heads, D, report),
-    }
-    rec = {
-        "input": info, "L": args.L, "head_dim": D, "fit_heads": list(args.fit_heads),
-        "fit_seeds": list(seeds), "draw_losses": per_draw,
-        "target": target, "per_head": per_head, "knobs": knobs, "fitted_stats": fitted,
-        "default_stats": default, "loss": loss(fitted, target),
-        "default_loss": loss(default, target), "evals": len(trace), "trace": trace,
-        "command": "python -m eval.calibrate " + " ".join(argv), "git_revision": _git_rev(),
-        "start": start,
-    }  # fmt: skip
-    args.record.parent.mkdir(parents=True, exist_ok=True)
-    args.record.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
-    source = info.get("model", info.get("synthetic"))
-    meta = {"command": rec["command"], "git": rec["git_revision"], "record": str(args.record),
-            "source": f"{source} on {info.get('text', '-')} at L={args.L}", "L": args.L,
-            "D": D, "knobs": ", ".join(KNOBS)}  # fmt: skip
-    write_conf(args.out, knobs, meta)
-    print(json.dumps({"target": target, "fitted": fitted, "knobs": knobs}, indent=1))
-    return rec
-
-
-if __name__ == "__main__":
-    main()

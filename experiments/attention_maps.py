@@ -20,14 +20,16 @@ ranked prefixes (what Pass-2 walks), the fraction of ``tile x tile`` tiles that 
 their attention mass, and the share of all attention mass that lies in the prefixes.
 Nothing else of the tensors is stored (each file well under 1 MB). Inputs: a model's post-RoPE Q/K
 (``eval.data.model_input``, data=model: Paul Graham's essays, truncated to ``L`` tokens) or the
-synthetic generator (``--synthetic``, a ``conf/data/*.yaml`` file).
+synthetic generator (``--synthetic``, a ``conf/data/*.yaml`` file). Both files are written
+atomically, the JSON by :func:`experiments.records.write_record`, with ``git_revision`` and
+``environment`` from :mod:`experiments.provenance`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +40,8 @@ from eval.data import model_input
 from s2o.methods.pbs import key_permutation
 from s2o.reference import s2o_permutations, segment_ranges
 
-from .provenance import git_revision
+from .provenance import environment, git_revision
+from .records import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 VIEWS = ("original", "pbs", "s2o_no_qperm", "s2o")
@@ -147,17 +150,23 @@ def synthetic_input(data_file: str, L: int, heads: tuple[int, int, int] | None):
     return [(0, q, k, v)], info
 
 
-def write_record(out: Path, entries: list[dict], meta: dict) -> None:
-    """``out.npz`` (the uint8 maps, keyed ``<entry>/<view>``) and ``out.json`` (everything else)."""
+def write_maps(out: Path, entries: list[dict], meta: dict) -> dict:
+    """``out.npz`` (the uint8 maps, keyed ``<entry>/<view>``) and ``out.json`` (everything else,
+    written by :func:`experiments.records.write_record`), each atomically: the maps first, so a
+    record never names maps that are not there. Returns the record."""
     arrays = {}
     for e in entries:
         for view, d in e.pop("views").items():
             arrays[f"{e['key']}/{view}"] = d.pop("map")
             e.setdefault("tiles_for_mass", {})[view] = d["tiles_for_mass"]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out.with_suffix(".npz"), **arrays)
-    rec = {**meta, "entries": entries, "maps": out.with_suffix(".npz").name}
-    out.with_suffix(".json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    maps = out.with_suffix(".npz")
+    maps.parent.mkdir(parents=True, exist_ok=True)
+    tmp = maps.with_name(f".{maps.stem}.{os.getpid()}.tmp.npz")  # savez keeps a .npz name as is
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, maps)
+    rec = {**meta, "entries": entries, "maps": maps.name}
+    write_record(out.with_suffix(".json"), rec)
+    return rec
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -173,6 +182,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pixels", type=int, default=256)
     ap.add_argument("--tile", type=int, default=64)
     ap.add_argument("--out", type=Path, required=True, help="record path without suffix")
+    ap.add_argument(
+        "--rev",
+        default=None,
+        help="the code revision to record (default: $S2O_GIT_REV, else git HEAD)",
+    )
     args = ap.parse_args(argv)
     if args.model:
         layers, info = model_input(args.model, args.L, args.layers)
@@ -201,9 +215,10 @@ def main(argv: list[str] | None = None) -> None:
         "pbs": {"block_size": 128, "segment_size": 256},
         "log10_range": [LOG_MIN, 0.0],
         "command": "python -m experiments.attention_maps " + " ".join(argv or sys.argv[1:]),
-        "git_revision": git_revision(None),
+        "git_revision": git_revision(args.rev),
+        "environment": environment("cpu", args.rev),  # every input is computed on the CPU
     }
-    write_record(args.out, entries, meta)
+    write_maps(args.out, entries, meta)
     print(args.out.with_suffix(".json"))
 
 

@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eval import models
+from eval.amdahl import amdahl_ms
 from s2o.hf import head_shape, sparse_prefill
 from s2o.methods import bind
 from s2o.methods.full import check_backend_usable
@@ -224,14 +225,6 @@ def evaluate(resolved: dict) -> dict:
         "dtype": model_cfg["dtype"],
         "rows": rows,
     }
-
-
-def amdahl_ms(dense: dict, density: float) -> float:
-    """Amdahl at ``density``: a dense row's time with its selected layers' attention scaled by
-    the density and the rest unchanged (estimation free): what a perfect kernel at that density
-    would give."""
-    attn = dense["sparse_attention_ms"]
-    return dense["total_ms"] - attn + density * attn
 
 
 def derive(rows: list[dict]) -> None:

@@ -162,7 +162,9 @@ def run(cfg: DictConfig, resolved: dict, ctx: JobContext, logger: WandbLogger) -
         results[name] = match_method(name, mcfg, layers, refs, resolved["progress"])
         for p in results[name]["at_sparsity"]:
             logger.log({f"{name}/mse_at_sparsity_{p['target']}": p["mse"]})
-    out = {"methods": results, "ratios": ratios(results, mcfg), "data": info}
+    # the reach rule goes into the record: its readers apply it to the at_sparsity points
+    out = {"methods": results, "ratios": ratios(results, mcfg), "reach_sparsity": REACH_SPARSITY,
+           "data": info}  # fmt: skip
     _, q, k, _ = layers[0]
     out["shape"] = {"q": list(q.shape), "kv": list(k.shape), "layers": len(layers)}
     print(table(results))

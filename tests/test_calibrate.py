@@ -57,3 +57,36 @@ def test_topic_balance_deals_every_topic_the_same_number_of_regions(tmp_path):
     write_conf(tmp_path / "off.yaml", {"sink": 9.0}, meta)
     assert "topic_balance: true" in (tmp_path / "on.yaml").read_text()
     assert "topic_balance" not in (tmp_path / "off.yaml").read_text()
+
+
+def test_the_fit_record_is_written_through_records_with_provenance_and_rules(tmp_path, monkeypatch):
+    """experiments/calibration_fit.py writes its record with ``experiments.records.write_record``
+    (atomic: no temporary file left), stamps the revision and environment from
+    ``experiments.provenance``, and records the rules its readers need (the statistics fitted and
+    the knobs' bounds), so analysis/calibration_check.py reads them from the record."""
+    import json
+
+    from eval.calibrate import BOUNDS, STATS
+    from experiments import calibration_fit, records
+
+    written = []
+
+    def spy(path, record):
+        written.append(path)
+        records.write_record(path, record)
+
+    monkeypatch.setattr(calibration_fit, "write_record", spy)
+    path = tmp_path / "fit" / "record.json"
+    out = ["--rev", "feedc0de", "--out", str(tmp_path / "c.yaml"), "--record", str(path)]
+    rec = calibration_fit.main(["--synthetic-target", "--L", "1536", "--fit-heads", "2", "1",
+                                "--fit-seeds", "100", "--report-seeds", "0", "--max-evals", "3",
+                                *out])  # fmt: skip
+    assert written == [path]
+    assert json.loads(path.read_text()) == json.loads(json.dumps(rec))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["record.json"]
+    assert rec["git_revision"] == "feedc0de" == rec["environment"]["git_revision"]
+    assert rec["environment"]["device"] == "cpu" and rec["environment"]["torch"]
+    assert rec["stats"] == list(STATS)
+    assert rec["bounds"] == {k: list(v) for k, v in BOUNDS.items()}
+    assert rec["command"].startswith("python -m experiments.calibration_fit --synthetic-target")
+    assert "at git feedc0de" in (tmp_path / "c.yaml").read_text()

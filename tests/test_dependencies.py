@@ -142,3 +142,23 @@ def test_no_upward_imports():
             bad += [f"{f.relative_to(ROOT)}:{line} imports {n}" for line, n in _imported(f)
                     if n.split(".")[0] in forbidden]  # fmt: skip
     assert not bad, bad
+
+
+# analysis reads records only (docs/architecture.md): it imports no producer and no producer's
+# rule. experiments.records is allowed as the records' reader (sample_lines); the rules analysis
+# needs are in the records (reach_sparsity, the fit's stats and bounds) or in a module both sides
+# import (eval.amdahl).
+ANALYSIS_FORBIDDEN = ("experiments", "benchmarks", "run", "eval.calibrate")
+ANALYSIS_READERS = ("experiments.records",)
+
+
+def _names(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_analysis_imports_no_producer():
+    bad = []
+    for f in sorted((ROOT / "analysis").rglob("*.py")):
+        bad += [f"{f.relative_to(ROOT)}:{line} imports {n}" for line, n in _imported(f)
+                if _names(n, ANALYSIS_FORBIDDEN) and not _names(n, ANALYSIS_READERS)]  # fmt: skip
+    assert not bad, bad

@@ -1,5 +1,5 @@
 """analysis/make_all.py: every artifact from the committed records, the same bytes twice, a line
-(not a failure) for missing records; eval/calibrate.py at a tiny size. Runs on copies of results/
+(not a failure) for missing records; the calibration fit at a tiny size. Runs on copies of results/
 (never writes into the repo's)."""
 
 from __future__ import annotations
@@ -136,15 +136,17 @@ def test_a_broken_pin_gives_a_line_not_a_failure(tmp_path):
 
 
 def test_calibration_fit_runs_at_a_tiny_size(tmp_path):
-    """eval/calibrate.py end to end on the generator's own statistics (no model): a conf/data file
-    that composes with the harness's synthetic keys, and a record with targets, trace and fit."""
+    """The calibration fit (experiments/calibration_fit.py over eval/calibrate.py) end to end on
+    the generator's own statistics (no model): a conf/data file that composes with the harness's
+    synthetic keys, and a record with targets, trace and fit."""
     from omegaconf import OmegaConf
 
     from eval import calibrate
     from eval.synthetic import spec_from_cfg
+    from experiments import calibration_fit
 
     conf, rec_path = tmp_path / "calibrated.yaml", tmp_path / "fit.json"
-    rec = calibrate.main(
+    rec = calibration_fit.main(
         [
             "--synthetic-target",
             "--L",
