@@ -359,3 +359,10 @@ def real_stats(model: str, L: int, layers: list[int] | None) -> tuple[list[dict]
             per_head.append({"layer": layer, "head": h, **st})
     info.pop("cache", None), info.pop("cache_hit", None)
     return per_head, info, D
+
+
+if __name__ == "__main__":  # the command moved up a layer (it writes a record)
+    raise SystemExit(
+        "python -m eval.calibrate moved: run python -m experiments.calibration_fit with the same "
+        "arguments (it writes the fit's record through experiments/records.py)"
+    )
