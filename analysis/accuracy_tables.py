@@ -332,7 +332,8 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
         if only is not None and task not in only:
             continue
         rows.sort(key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"]))
-        small = " (n < 50)" if any(x["n"] < 50 for x in rows) else ""
+        few = [x["n"] < 50 for x in rows]
+        small = " (n < 50)" if all(few) else " (n < 50 in some rows)" if any(few) else ""
         out += ["", f"{'#' * (level + 1)} {task}, length {_f(length, 'd')}{small}", "",
                 recipe_text(bench, task), "", *note]  # fmt: skip
         cells = []

@@ -145,3 +145,13 @@ def test_pooled_line_quotes_every_method_of_the_pooled_cell(tmp_path):
     assert line.startswith("- 2 tasks pooled at 1,024 tokens: full 75.0%; s2o 45.0% at density "
                            "0.250 (-30.0 points, p Holm 0.00146)"), line  # fmt: skip
     assert line.endswith(" (n=40 a method)."), line
+
+
+def test_small_n_heading_says_whether_every_row_is_small(tmp_path):
+    write(tmp_path, "full", {}, {"vt": [1] * 50})
+    write(tmp_path, "s2o", {"tau": 0.005}, {"vt": [1] * 20})
+    text = at.tables(_recs(tmp_path), floor=25)
+    assert "### vt, length 1024 (n < 50 in some rows)" in text, text
+    only_small = tmp_path / "small"
+    write(only_small, "full", {}, {"vt": [1] * 20})
+    assert "### vt, length 1024 (n < 50)\n" in at.tables(_recs(only_small), floor=25)
