@@ -1,8 +1,10 @@
 """A run record's one home: its identity, its folder, whether an existing record stands for the
 run (reuse), and its atomic write with the provenance stamped in.
 
-- identity: :func:`run_identity` hashes the config without the kind's ``NOT_*_IDENTITY`` keys
-  (:func:`config_id`, :func:`_drop_for`), the code revision
+- identity: :func:`run_identity` hashes the config without the keys that are not identity
+  (:data:`NOT_IDENTITY`; :func:`config_id`, :func:`drop_for`; a config holds only its own kind's
+  block, ``conf/kind/<kind>.yaml``, and a record made before that split has the other kinds' left
+  out), the code revision
   (:func:`experiments.provenance.code_revision`), and the content of the data, model and
   benchmark files the run reads.
 - folder: :data:`PATHS`, one path function per kind (:func:`record_path` picks it);
@@ -25,6 +27,7 @@ run (reuse), and its atomic write with the provenance stamped in.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import hashlib
 import json
@@ -47,14 +50,50 @@ NOT_IDENTITY = (
     "wandb", "results_dir", "skip_done", "reuse_stale", "progress", "git_rev", "tiny", "dry_run",
     "name", "input_cache",
 )  # fmt: skip
-# An operator point is identified by its method knobs, so the top-level tau/S (interpolated into
-# them, ignored by other methods) and the sweep/matched blocks are left out as well.
-# Blocks one kind of job never reads stay out of its identity: an operator point is identified by
-# its method knobs (the top-level tau/S are interpolated into them, ignored by other methods).
-NOT_POINT_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched", "e2e", "benchmark")
-NOT_EXPERIMENT_IDENTITY = NOT_IDENTITY + ("e2e", "benchmark")
-NOT_E2E_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched", "benchmark")
-NOT_ACCURACY_IDENTITY = NOT_IDENTITY + ("tau", "S", "sweep", "matched", "e2e")
+# S2O's shortcuts (conf/method/s2o.yaml reads ``${tau}``, ``${S}``): a record of one method's run
+# (a kind with its own folder in PATHS) is identified by its method knobs, so they stay out of it;
+# a sweep's or a matched study's keeps them (its own block may read them).
+SHORTCUTS = ("tau", "S")
+KIND_DIR = Path(__file__).resolve().parents[1] / "conf" / "kind"
+
+
+@functools.cache
+def kind_blocks() -> dict[str, tuple[str, ...]]:
+    """Each kind's own top-level keys, read from ``conf/kind/<kind>.yaml``: the keys it sets
+    (besides ``kind`` and its ``tiny`` part) and the config groups of its defaults list
+    (``/benchmark`` for kind=accuracy). A run's config holds only its own kind's block; a record
+    made before ``conf/kind/`` holds every kind's, so the other kinds' are left out of its id."""
+    from omegaconf import OmegaConf
+
+    out = {}
+    for path in sorted(KIND_DIR.glob("*.yaml")):
+        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        groups = [next(iter(d)) if isinstance(d, dict) else d for d in cfg.pop("defaults", [])]
+        keys = [k for k in cfg if k not in ("kind", "tiny")]
+        keys += [g.lstrip("/") for g in groups if g != "_self_"]
+        out[path.stem] = tuple(keys)
+    if not out:  # without them every id would silently change
+        raise RuntimeError(f"{KIND_DIR}: no kind files; run identities are derived from them")
+    return out
+
+
+def drop_for(kind: str) -> tuple[str, ...]:
+    """The keys left out of the identity of a record of ``kind``: :data:`NOT_IDENTITY`, the
+    blocks of the kinds that write elsewhere, and for one method's run :data:`SHORTCUTS`. A sweep
+    and a matched study share ``results/experiments/`` and hash both their blocks
+    (:func:`config_id`)."""
+    if kind in PATHS:
+        own, shortcuts = (kind,), SHORTCUTS
+    else:
+        own, shortcuts = _experiment_kinds(), ()
+    others = tuple(b for k, blocks in kind_blocks().items() if k not in own for b in blocks)
+    return NOT_IDENTITY + shortcuts + others
+
+
+def _experiment_kinds() -> tuple[str, ...]:
+    """The kinds whose records go to ``results/experiments/<name>/`` (none of their own in
+    PATHS): sweep and matched."""
+    return tuple(k for k in kind_blocks() if k not in PATHS)
 
 
 # ---------------------------------------------------------------- identity
@@ -150,8 +189,15 @@ def benchmark_fingerprint(resolved: dict) -> str | None:
 
 
 def config_id(resolved: dict, drop: tuple[str, ...], device_name: str | None = None) -> str:
-    """Hash of the config without ``drop`` keys, the device as type + model (no index)."""
+    """Hash of the config without ``drop`` keys, the device as type + model (no index).
+
+    A sweep's or a matched study's config hashes both their blocks, the other kind's as null:
+    their ids were made when every config held every kind's block (the ids stay the same).
+    """
     kept = {k: v for k, v in resolved.items() if k not in drop}
+    if resolved.get("kind") in _experiment_kinds():
+        for block in (b for k in _experiment_kinds() for b in kind_blocks()[k]):
+            kept.setdefault(block, None)
     kept["device"], kept["device_model"] = device_model(resolved["device"], device_name)
     return _hash(kept)
 
@@ -188,31 +234,27 @@ def benchmark_id(config: dict, code: str, device_model: str) -> str:
 
 
 def _drop_for(resolved: dict) -> tuple[str, ...]:
-    """The keys left out of the identity of a record of this kind (as its path function does)."""
-    kind = resolved["kind"]
-    drops = {
-        "operator": NOT_POINT_IDENTITY, "e2e": NOT_E2E_IDENTITY, "accuracy": NOT_ACCURACY_IDENTITY
-    }  # fmt: skip
-    return drops.get(kind, NOT_EXPERIMENT_IDENTITY)
+    """The keys left out of the identity of a record of this config's kind (:func:`drop_for`)."""
+    return drop_for(resolved["kind"])
 
 
 # ---------------------------------------------------------------- folder (one path per kind)
 
 
 def point_record_path(resolved: dict) -> Path:
-    rid = run_identity(resolved, NOT_POINT_IDENTITY)["id"]
+    rid = run_identity(resolved, drop_for("operator"))["id"]
     return Path(resolved["results_dir"]) / "runs" / resolved["method_name"] / rid / "record.json"
 
 
 def experiment_record_path(resolved: dict) -> Path:
-    rid = run_identity(resolved, NOT_EXPERIMENT_IDENTITY)["id"]
+    rid = run_identity(resolved, _drop_for(resolved))["id"]
     return Path(resolved["results_dir"]) / "experiments" / resolved["name"] / rid / "record.json"
 
 
 def e2e_record_path(resolved: dict) -> Path:
     """``results/e2e/<model>/<method>/<id>/record.json``."""
     model = (resolved.get("model") or {}).get("name", "no_model")
-    rid = run_identity(resolved, NOT_E2E_IDENTITY)["id"]
+    rid = run_identity(resolved, _drop_for(resolved))["id"]
     return (
         Path(resolved["results_dir"])
         / "e2e"
@@ -231,7 +273,7 @@ def accuracy_record_path(resolved: dict) -> Path:
 
     check_job(resolved)
     model = (resolved.get("model") or {}).get("name", "no_model")
-    rid = run_identity(resolved, NOT_ACCURACY_IDENTITY)["id"]
+    rid = run_identity(resolved, _drop_for(resolved))["id"]
     root = Path(resolved["results_dir"]) / "accuracy" / resolved["benchmark"]["name"]
     return root / model / resolved["method_name"] / rid / "record.json"
 

@@ -200,11 +200,11 @@ def _resolved(*overrides: str, kind: tuple[str, ...] = ("kind=e2e",)) -> dict:
 
 
 def test_yarn_is_part_of_the_run_identity():
-    from experiments.records import NOT_ACCURACY_IDENTITY, NOT_E2E_IDENTITY, run_identity
+    from experiments.records import drop_for, run_identity
 
     plain, yarn, explicit = _resolved(), _resolved("model.yarn=true"), _resolved(YARN_OVERRIDE)
     assert yarn["model"]["yarn"] is True and explicit["model"]["rope_scaling"] == YARN
-    for drop in (NOT_E2E_IDENTITY, NOT_ACCURACY_IDENTITY):
+    for drop in (drop_for("e2e"), drop_for("accuracy")):
         ids = [run_identity(r, drop) for r in (plain, yarn, explicit)]
         assert len({i["config_id"] for i in ids}) == 3 and len({i["id"] for i in ids}) == 3
 
