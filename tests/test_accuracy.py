@@ -119,7 +119,7 @@ def test_benchmark_configs_build_their_samples(tmp_path, model_and_tokenizer):
     }  # fmt: skip
     for name, extra in overrides.items():
         bench = OmegaConf.to_container(
-            compose([f"benchmark={name}", *extra]).benchmark, resolve=True
+            compose(["kind=accuracy", f"benchmark={name}", *extra]).benchmark, resolve=True
         )
         samples = accuracy.build_samples(bench, fmt)
         assert samples and all(s["prompt"] and s["max_new_tokens"] > 0 for s in samples), name
