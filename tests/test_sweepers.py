@@ -72,20 +72,36 @@ def test_accuracy_experiments_compose_every_job(experiment, n_jobs):
         off = experiment.startswith(("accuracy_paper_", "accuracy_retrieval_", "accuracy_qwen_"))
         assert c.benchmark.measure_error is not off
         method = c.hydra.runtime.choices.method
-        keys = ("tau", "segment_len", "q_perm", "gamma", "threshold", "alpha", "dense_tail",
-                "tail_rank")
+        keys = (
+            "tau",
+            "segment_len",
+            "q_perm",
+            "gamma",
+            "threshold",
+            "alpha",
+            "dense_tail",
+            "tail_rank",
+        )
         knobs = {k: c.method.get(k) for k in keys}  # FlashPrefill's alpha resolves for the model
         if method == "flashprefill":
             assert 0 < knobs["alpha"] < 1, job
-        seen.add((method, *map(str, knobs.values()), tuple(c.benchmark.tasks),
-                  tuple(c.benchmark.get("lengths") or ())))
+        seen.add(
+            (
+                method,
+                *map(str, knobs.values()),
+                tuple(c.benchmark.tasks),
+                tuple(c.benchmark.get("lengths") or ()),
+            )
+        )
     assert len(seen) == n_jobs  # no two jobs are the same run
 
 
 def test_one_command_runs_every_point(tmp_path):
     """`run.py -m` with points runs the union in one process: 4 operator jobs, each a record."""
-    points = ('hydra.sweeper.points=["method=full,s2o","method=s2o tau=0.001,0.01",'
-              '"method=s2o tau=0.001"]')
+    points = (
+        'hydra.sweeper.points=["method=full,s2o","method=s2o tau=0.001,0.01",'
+        '"method=s2o tau=0.001"]'
+    )
     proc = run_cli(["-m", "hydra/sweeper=points", points, "dry_run=true", "timing.enabled=false"],
                    tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
