@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.records import device_label
+from analysis.records import device_label, sharing
 from analysis.tables import markdown
 from experiments.records import sample_lines
 
@@ -121,6 +121,7 @@ def cell_frame(recs: list[dict]) -> pd.DataFrame:
             rows.append({
                 "model": rec["config"]["model"]["name"], "method": label(rec), "task": task,
                 "length": length, "n": n, "evidence probe": _probe(rec),
+                "GPU": "shared: " + ", ".join(s) if (s := sharing(rec["environment"])) else "alone",
                 "sample ms": _sum(ls, "sample_ms") / n, "loop ms": _sum(ls, "loop_ms") / n,
                 "prefill ms": sum(r.get("prefill_ms") or 0 for r in ls) / n,
                 "decode ms": decode / n, "decode steps": steps / n,

@@ -76,16 +76,21 @@ def stale_points(rec: dict) -> list[str]:
     return [p["label"] for p in rec["metrics"].get("points", []) if p.get("stale")]
 
 
-def device_label(env: dict) -> str:
-    """The record's device, and whether it shared the GPU while it ran: another process on it
-    (``gpu_processes`` > 1) or a launcher running several jobs on it (``jobs_per_gpu`` > 1), in
-    which case its times are not clean."""
+def sharing(env: dict) -> list[str]:
+    """Whether the record shared its GPU while it ran, in words (empty: alone): another process
+    on it (``gpu_processes`` > 1) or a launcher running several jobs on it (``jobs_per_gpu`` > 1),
+    in which case its times are not clean."""
     shared = []
     if (env.get("gpu_processes") or 0) > 1:
         shared.append(f"{env['gpu_processes']} processes on the GPU")
     if (env.get("jobs_per_gpu") or 0) > 1:
         shared.append(f"{env['jobs_per_gpu']} jobs per GPU")
-    name = env["device_name"]
+    return shared
+
+
+def device_label(env: dict) -> str:
+    """The record's device, and whether it shared the GPU while it ran (:func:`sharing`)."""
+    shared, name = sharing(env), env["device_name"]
     return f"{name} (SHARED: {', '.join(shared)}; times not clean)" if shared else name
 
 

@@ -73,6 +73,17 @@ def test_measured_cells_check_the_target_and_the_job_adds_up(tmp_path):
     assert job["rest of job"] == pytest.approx(30.0 - 20.0 - 2.0 - 6.0)
     page = loop_speed.document([rec])
     assert "1 of 2 cells meet the target" in page and "sample_ms` (all were made" not in page
+    assert set(cf["GPU"]) == {"alone"}  # the record names no other process or job on its GPU
+
+
+def test_a_cell_says_when_its_gpu_was_shared(tmp_path):
+    lines = [_line(i, 500, 300, 1000) for i in range(2)]
+    path = _write(tmp_path, "bbb", "s2o", lines, 10.0, 0, _timing(lines, 1, False, 1, 2, 0, 2, 0))
+    rec = json.loads(path.read_text())
+    rec["environment"] |= {"gpu_processes": 3, "jobs_per_gpu": 3}
+    path.write_text(json.dumps(rec))
+    (gpu,) = loop_speed.cell_frame([loop_speed.load(path)])["GPU"]
+    assert gpu == "shared: 3 processes on the GPU, 3 jobs per GPU"
 
 
 def test_records_without_sample_ms_say_what_elapsed_s_holds(tmp_path):
@@ -192,8 +203,12 @@ def test_a_load_after_the_first_is_checked_against_its_target(tmp_path):
     (warm caches) count as a load after the first; 14 s meets the 15-s target, 46 s misses it."""
     lines = [_line(0, 500, 300, 1000)]
     recs = []
-    for rid, load, reused, cached in (("fast", 14.0, False, True), ("slow", 46.0, False, True),
-                                      ("cold", 80.0, False, False), ("reuse", None, True, True)):
+    for rid, load, reused, cached in (
+        ("fast", 14.0, False, True),
+        ("slow", 46.0, False, True),
+        ("cold", 80.0, False, False),
+        ("reuse", None, True, True),
+    ):
         t = _timing(lines, load, reused, 0.1, 1.0, evidence=0.0, generate=0.9, score=0.0)
         path = _write(tmp_path, rid, "full", lines, 100.0, 0, t)
         rec = json.loads(path.read_text())
