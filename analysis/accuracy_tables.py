@@ -169,7 +169,8 @@ def row(
            "density": sum(dens) / len(dens) if dens else None, "cmp": None,
            "rel_mse": sum(errs) / len(errs) if errs else None,
            "prefill_ms": sum(times) / len(times) if times else None, "ref": rec is ref,
-           "scores": [s["score"] for s in lines.values()]}  # fmt: skip
+           "scores": [s["score"] for s in lines.values()],
+           "pool": sorted(pool) if pool else None}  # fmt: skip
     if ref is not None and ref is not rec:
         ref_lines = cell(ref, task, length, pool)
         ids = sorted(set(lines) & set(ref_lines))
@@ -331,7 +332,7 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
     for task, length, note, rows in done:
         if only is not None and task not in only:
             continue
-        rows.sort(key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"]))
+        rows.sort(key=_order)
         few = [x["n"] < 50 for x in rows]
         small = " (n < 50)" if all(few) else " (n < 50 in some rows)" if any(few) else ""
         out += ["", f"{'#' * (level + 1)} {task}, length {_f(length, 'd')}{small}", "",
@@ -442,17 +443,22 @@ def _summary(done: list[tuple], name: str, floor: float) -> str:
     return text
 
 
+def _order(x: dict) -> tuple:
+    """A table's row order: method (full first), then denser settings first, then label."""
+    return _rank(x["method"]), -(x["density"] or 0), x["label"]
+
+
 def _pooled_lines(done: list[tuple], name: str) -> list[str]:
     """One generated line per pooled cell: every method's pooled accuracy, density and adjusted
     test against `full`, ordered as in its table (a quotable summary of the ``all`` rows)."""
     out = []
-    for task, length, note, rows in done:
+    for task, length, _, rows in done:
         ref = next((x for x in rows if x["ref"]), None)
         if task != "all" or ref is None:
             continue
-        pool = note[0].split(";")[0].removeprefix("Pooled over ").split(", ")
+        pool = ref["pool"]
         parts = [f"{ref['label']} {ref['acc']:.1f}%"]
-        for x in sorted(rows, key=lambda x: (_rank(x["method"]), -(x["density"] or 0), x["label"])):
+        for x in sorted(rows, key=_order):
             if x["ref"] or x["cmp"] is None or x["cmp"].get("uninformative"):
                 continue
             parts.append(

@@ -185,19 +185,16 @@ def mask_from_index(index: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return mask[:, :, :N].permute(0, 3, 1, 2).contiguous()
 
 
-def _causal_blocks(nb: int, device) -> torch.Tensor:
-    t = torch.arange(nb, device=device)
-    return t[None, :] <= t[:, None]
-
-
 def compare_masks(ours: torch.Tensor, official: torch.Tensor) -> dict:
     """Per-row block sets of two ``[..., M, N]`` bool masks (rows: every leading index and query
     tile): identical share, Jaccard (1 for two empty rows), differing rows, blocks only one side
     keeps, densities (kept / causal blocks) and blocks above the diagonal (expected 0)."""
+    from s2o.methods.blocksparse import block_causal
+
     a, b = ours.flatten(0, -3), official.flatten(0, -3)
     inter, union = (a & b).sum(-1).double(), (a | b).sum(-1).double()
     jac = torch.where(union > 0, inter / union.clamp(min=1), 1.0)
-    causal = _causal_blocks(a.shape[-1], a.device)
+    causal = block_causal(a.shape[-1], a.device)
     n_causal = a.shape[0] * int(causal.sum())
     same = (a == b).all(-1)
     return {
