@@ -61,6 +61,27 @@ def outputs_frame(rec: dict) -> pd.DataFrame:
     return pd.DataFrame(rows).astype(object)
 
 
+def exercised(rec: dict) -> str:
+    """One generated line: in how many rows the official code dropped any block. Where it keeps
+    every block (density 1), equal block sets say nothing about the threshold rule; only the
+    outputs (the sparse kernel on a full mask) are compared there."""
+    rows = rec["metrics"]["rows"]
+    impl = rec["config"]["impls"][0]
+    sparse = [r for r in rows if r["blocks"][impl]["density_official"] < 1.0]
+    if not sparse:
+        return (
+            f"**The selection rule was not exercised:** in all {len(rows)} rows the official code "
+            f"kept every block (density 1.0 on {br.input_name(rec)}), so the equal block sets "
+            "below test no threshold; only the outputs are compared. Rerun on an input where "
+            "FlashPrefill drops blocks (`--input calibrated`)."
+        )
+    return (
+        f"The selection rule was exercised in {len(sparse)} of {len(rows)} rows (official "
+        f"density below 1.0: {min(r['blocks'][impl]['density_official'] for r in sparse):.3f} "
+        f"to {max(r['blocks'][impl]['density_official'] for r in sparse):.3f})."
+    )
+
+
 def markdown(rec: dict) -> str:
     """The page of one record; a :class:`analysis.bench_records.SchemaError` for another kind."""
     if br.benchmark(rec) != BENCHMARK:
@@ -76,6 +97,8 @@ def markdown(rec: dict) -> str:
         f"`{off['file']}` sha256 {off['sha256']}, `fla.utils`: {off['fla']}; {cfg['dtype']}, "
         f"head dim {cfg['head_dim']}, {br.input_name(rec)}; {knobs}"
         + ("; the official selection uncompiled (`--eager`)" if cfg.get("eager") else ""),
+        "",
+        exercised(rec),
         "",
         "Block sets per row (batch, query tile, query head). Density: kept / causal blocks. "
         "Margin: the largest `|score / row max - alpha|` among the blocks the two sides disagree "

@@ -250,7 +250,9 @@ def test_early_errors_name_the_bad_value(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- end to end (CPU)
 
 
-BLOCKED = ("omegaconf", "hydra", "pandas", "yaml", "wandb", "matplotlib")  # absent on GPU machines
+# absent on GPU machines; PyYAML is there (omegaconf runs on the image with only the carried wheels,
+# none of them PyYAML), and the default --input calibrated reads its conf/data file with it
+BLOCKED = ("omegaconf", "hydra", "pandas", "wandb", "matplotlib")
 
 
 def _smoke(fake: Path, out: Path, *extra: str) -> dict:
@@ -293,6 +295,8 @@ def test_smoke_against_a_faithful_fake_writes_a_record_of_full_agreement(tmp_pat
     assert min(r["blocks"]["reference"]["density_ours"] for r in rows) < 0.95  # some pruning
     page = faithfulness.markdown(rec)
     assert "| 4/2 | 400 | 0.18 | reference |" in page and "stand-in" in page
+    assert rec["config"]["input"] == "calibrated"  # the default: an input FlashPrefill prunes
+    assert "The selection rule was exercised in" in page and "not exercised" not in page
 
 
 def test_smoke_against_a_fake_that_keeps_every_block_counts_the_differences(tmp_path):
@@ -307,6 +311,7 @@ def test_smoke_against_a_fake_that_keeps_every_block_counts_the_differences(tmp_
     assert b["margin_by_our_scores"] > 0  # the blocks it adds sat below our threshold
     assert row["outputs"]["official_vs_dense"]["rel"] < 1e-5  # all blocks: dense attention
     assert row["outputs"]["official_vs_ours"]["rel"] > 1e-3
+    assert "**The selection rule was not exercised:** in all 1 rows" in faithfulness.markdown(rec)
 
 
 # ----------------------------------------------------------------------------- the real code
