@@ -327,7 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--alphas", default=alphas, help="official per-family alphas by default")
     ap.add_argument("--block-size", type=int, default=None, help="default 128 (smoke: 16)")
     ap.add_argument("--input", choices=sorted(common.INPUTS), default="calibrated",
-                    help="Q/K/V (calibrated: the input on which FlashPrefill drops blocks; on synthetic it keeps all)")
+                    help="calibrated: FlashPrefill prunes (on synthetic: keeps all)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eager", action="store_true",
                     help="run the official torch.compile'd selection uncompiled")  # fmt: skip

@@ -115,6 +115,7 @@ def prompt_format(tokenizer, model_cfg: dict) -> PromptFormat:
         tokenizer,
         render=lambda text: models.chat_prompt(tokenizer, text, model_cfg),
         add_special_tokens=not chat,
+        chat=chat,
     )
 
 

@@ -163,3 +163,45 @@ def test_generated_retrieval(task, digits, tok):
     assert ib.generate_retrieval(task, 2048, fmt, n=5, seed=3) == samples
     with pytest.raises(ValueError, match="generated"):
         ib.load(task, "/nowhere")
+
+
+def test_every_yarn_mistral_cue_ends_its_template():
+    for name, cue in ib.ANSWER_CUES["yarn_mistral"].items():
+        assert ib.TEMPLATES["yarn_mistral"][name].endswith(cue), name
+    # the templates without a cue are the ones whose prompt ends with the task's own input
+    rest = set(ib.TEMPLATES["yarn_mistral"]) - set(ib.ANSWER_CUES["yarn_mistral"])
+    assert rest == {"kv_retrieval", "math_find"}
+
+
+@pytest.mark.parametrize("task,digits", [("passkey-style", 5), ("number-style", 10)])
+def test_a_chat_model_gets_the_answer_cue_in_its_assistant_turn(task, digits, tok):
+    """With a chat template the cue opens the assistant turn (the prompt the model continues ends
+    with it); without one the completion prompt is unchanged, cue and all."""
+    name = ib.GENERATED_TASKS[task]
+    cue = ib.ANSWER_CUES["yarn_mistral"][name]
+    chat = PromptFormat(tok, render=CHAT.format, add_special_tokens=False, chat=True)
+    plain = PromptFormat(tok, render=CHAT.format, add_special_tokens=False)
+    for s in ib.generate_retrieval(task, 2048, chat, n=3, seed=3):
+        assert s["answer_prefix"] == cue and s["input"].endswith("<|assistant|>\n")
+        user = s["input"][len("<|user|>\n") : -len("<|end|>\n<|assistant|>\n")]
+        assert user.endswith(ib.NEEDLES[name][1]) and cue not in user.split("\n")[-1]
+        assert s["prompt_tokens"] == chat.n_tokens(s["input"] + cue)
+        assert s["prompt_tokens"] + ib.MAX_NEW_TOKENS[name] <= 2048
+    for s in ib.generate_retrieval(task, 2048, plain, n=3, seed=3):
+        assert s["answer_prefix"] == "" and s["input"].endswith(cue + "<|end|>\n<|assistant|>\n")
+    task_ = ib.InfiniteBench()
+    bench = {"n": 2, "seed": 3, "prompt_family": "yarn_mistral", "tasks": [task],
+             "lengths": [2048], "repeats": 1, "max_len": None}  # fmt: skip
+    (first, _) = task_.samples(bench, chat)
+    assert first["prompt"].endswith("<|assistant|>\n" + cue)
+
+
+def test_loaded_tasks_move_the_cue_for_a_chat_model(data_dir, tok):
+    rows = ib.load("Retr.PassKey", data_dir)
+    (s,) = ib.to_samples(rows, "Retr.PassKey", tok, 10_000, render=CHAT.format, chat=True)
+    assert s["answer_prefix"] == "The pass key is" and s["input"].endswith("<|assistant|>\n")
+    assert s["input"].rstrip().endswith("What is the pass key?<|end|>\n<|assistant|>")
+    (plain,) = ib.to_samples(rows, "Retr.PassKey", tok, 10_000, render=CHAT.format)
+    assert plain["answer_prefix"] == "" and "The pass key is<|end|>" in plain["input"]
+    (gpt4,) = ib.to_samples(rows, "Retr.PassKey", tok, 10_000, "gpt4", CHAT.format, chat=True)
+    assert gpt4["answer_prefix"] == ""  # the gpt4 family has no cue: nothing moves

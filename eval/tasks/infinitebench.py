@@ -95,6 +95,35 @@ TEMPLATES = {
 
 _MC = {"longbook_choice_eng", "code_debug"}
 
+# The answer cue that ends each completion prompt of the "yarn_mistral" family. A base model
+# continues it as written. With a chat template the prompt becomes a user turn and the model
+# answers in a fresh assistant turn; it restates the cue ("The pass key is 1" in 6 tokens, Qwen
+# writing one token per digit) and runs out of the official budget before the answer. So for a
+# chat model the cue opens the assistant turn: RULER's answer-prefix convention.
+ANSWER_CUES = {
+    "yarn_mistral": {
+        "passkey": "The pass key is",
+        "number_string": "The sequence of digits is",
+        "longbook_sum_eng": "Summary:",
+        "longbook_choice_eng": "The letter of the correct answer is",
+        "longbook_qa_eng": "Answer:",
+        "longbook_qa_chn": "答案：",
+        "code_debug": "The correct option is:",
+        "longdialogue_qa_eng": "The name that has been replaced with $$MASK$$ is likely",
+    },
+}
+
+
+def split_cue(prompt: str, name: str, family: str) -> tuple[str, str]:
+    """``(user text, answer prefix)`` of a chat model's prompt: the family's answer cue moved out
+    of the user turn (the whitespace before it dropped); ``(prompt, "")`` where there is none."""
+    cue = ANSWER_CUES.get(family, {}).get(name)
+    if cue is None:
+        return prompt, ""
+    if not prompt.endswith(cue):
+        raise ValueError(f"InfiniteBench {name} ({family}): the prompt does not end with {cue!r}")
+    return prompt[: -len(cue)].rstrip(), cue
+
 
 def data_name(task: str) -> str:
     """Official file name of a paper task, a generated task, or an official name itself."""
@@ -219,20 +248,23 @@ def to_samples(
     max_len: int | None,
     family: str = "yarn_mistral",
     render: Callable[[str], str] = lambda s: s,
+    chat: bool = False,
 ) -> list[dict]:
     """Benchmark samples: the official prompt truncated in the middle to ``max_len`` tokens
-    (before the chat template, as the official scripts do), then ``render``-ed."""
+    (before the chat template, as the official scripts do), then ``render``-ed; with ``chat`` (a
+    chat template) the answer cue goes after it (:func:`split_cue`)."""
     name = data_name(task)
     out = []
     for i, eg in enumerate(rows):
         text, n_before, cut = truncate_middle(tokenizer, build_prompt(eg, name, family), max_len)
+        text, prefix = split_cue(text, name, family) if chat else (text, "")
         out.append(
             dict(
                 id=f"infinitebench/{task}/{eg.get('id', i)}",
                 task=task,
                 index=i,
                 input=render(text),
-                answer_prefix="",
+                answer_prefix=prefix,
                 outputs=eg["_label"] if "_label" in eg else gold(eg, name),
                 max_new_tokens=MAX_NEW_TOKENS[name],
                 prompt_family=family,
@@ -292,9 +324,14 @@ def generate_retrieval(
     name = GENERATED_TASKS[task]
     budget = length - MAX_NEW_TOKENS[name]
 
+    def prompt(eg: dict) -> tuple[str, str]:  # (rendered input, answer prefix)
+        text = build_prompt(eg, name, family)
+        text, prefix = split_cue(text, name, family) if fmt.chat else (text, "")
+        return fmt.render(text), prefix
+
     def n_tokens(num_noise: int) -> int:
         eg = _retrieval_example(name, num_noise, 0, "9" * (10 if name == "number_string" else 5))
-        return fmt.n_tokens(fmt.render(build_prompt(eg, name, family)))
+        return fmt.n_tokens("".join(prompt(eg)))
 
     num_noise = fit_size(n_tokens, budget, 1, budget // 25)
     rng = random.Random(seed)
@@ -304,7 +341,7 @@ def generate_retrieval(
         d = i // repeats
         depth = round(num_noise * d / (n_depths - 1)) if n_depths > 1 else num_noise // 2
         eg = _retrieval_example(name, num_noise, depth, _key(name, rng))
-        text = fmt.render(build_prompt(eg, name, family))
+        text, prefix = prompt(eg)
         out.append(
             dict(
                 id=f"infinitebench/{task}/{length}/{seed}/{i}",
@@ -312,11 +349,11 @@ def generate_retrieval(
                 index=i,
                 length=length,
                 input=text,
-                answer_prefix="",
+                answer_prefix=prefix,
                 outputs=eg["answer"],
                 max_new_tokens=MAX_NEW_TOKENS[name],
                 prompt_family=family,
-                prompt_tokens=fmt.n_tokens(text),
+                prompt_tokens=fmt.n_tokens(text + prefix),
                 depth=depth / num_noise,
             )
         )
@@ -353,11 +390,15 @@ class InfiniteBench(Task):
                     raise TaskConfigError(f"{task} is generated: give benchmark.n=<int>")
                 for length in bench["lengths"]:
                     rows = generate_retrieval(task, length, fmt, n, seed, family, bench["repeats"])
-                    out += [make_sample(s, s["input"], s["max_new_tokens"]) for s in rows]
+                    out += [make_sample(s, s["input"] + s["answer_prefix"], s["max_new_tokens"])
+                            for s in rows]  # fmt: skip
                 continue
             rows = load(task, data.get("dir"), n)
-            for s in to_samples(rows, task, fmt.tokenizer, bench["max_len"], family, fmt.render):
-                out.append(make_sample(dict(s, length=None), s["input"], s["max_new_tokens"]))
+            for s in to_samples(
+                rows, task, fmt.tokenizer, bench["max_len"], family, fmt.render, fmt.chat
+            ):
+                prompt = s["input"] + s["answer_prefix"]
+                out.append(make_sample(dict(s, length=None), prompt, s["max_new_tokens"]))
         return out
 
     def score(self, sample: dict, prediction: str) -> tuple[float, dict]:

@@ -38,6 +38,9 @@ class PromptFormat:
     render: Callable[[str], str] = identity
     add_special_tokens: bool = True
     name: str | None = None
+    # ``render`` is a chat template (the text becomes a user turn): a completion prompt's answer
+    # cue then opens the assistant turn instead of ending the user's (InfiniteBench)
+    chat: bool = False
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
