@@ -3,7 +3,8 @@
     python analysis/ablation_tables.py [--results results] [--latest] [--out FILE]
 
 Reads the records of experiment=hparams_tau, hparams_S and component_ablation (and their
-``*_gemma3_270m_8k`` and ``*_gemma3_270m_32k`` runs on real captured attention, when pinned)
+``scale=gemma3_270m_8k`` and ``scale=gemma3_270m_32k`` runs on real captured attention, records
+``<name>_gemma3_270m_8k`` and ``<name>_gemma3_270m_32k``, when pinned)
 pinned in ``results/manifest.yaml`` (``--latest``: the newest ok record of each instead) and writes
 ``outputs/analysis/ablations.md`` (git-ignored). ``python analysis/pin.py`` rebuilds the published
 ``results/figures/ablations.md``. Rows of sweep points reused from other code or data
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.records import SCRATCH, describe, paper_numbers, record_for
+from analysis.records import SCRATCH, describe, experiment_commands, paper_numbers, record_for
 from analysis.tables import markdown
 
 HPARAMS = ("hparams_tau", "hparams_S")
@@ -56,7 +57,7 @@ def hparams_table(
     for name in names:
         rec = record_for(results, name, use_latest)
         if rec is None:
-            rows.append({"S": f"(no ok record of experiment={name})"})
+            rows.append({"S": f"(no ok record of {experiment_commands()[name]})"})
             continue
         sources.append(describe(rec))
         for pt in rec["metrics"]["points"]:
@@ -91,7 +92,9 @@ def component_table(
     rec = record_for(results, name, use_latest)
     cols = ["variant", *_formats(paper)]
     if rec is None:
-        df = pd.DataFrame([{"variant": f"(no ok record of experiment={name})"}], columns=cols)
+        df = pd.DataFrame(
+            [{"variant": f"(no ok record of {experiment_commands()[name]})"}], columns=cols
+        )
         return markdown(df, _formats(paper))
     rows = [
         {

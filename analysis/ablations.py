@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from analysis import ablation_tables
 from analysis.inputs import input_label
-from analysis.records import device_label
+from analysis.records import device_label, experiment_commands
 from analysis.sections import Ctx, Section
 
 
@@ -17,11 +17,12 @@ def section(ctx: Ctx) -> Section:
     )
     names = (*ablation_tables.HPARAMS, ablation_tables.COMPONENT)
     recs = {n: ctx.experiment(n) for n in (*names, *ablation_tables.CAPTURED)}
+    commands = experiment_commands()
     for n, rec in recs.items():
         if rec is None:
             gpu = n in names
-            how = f"`python run.py experiment={n}" + (" data.text=...` (GPU)" if gpu else "` (CPU)")
-            sec.missing_line(f"the record of experiment={n} (experiments.{n})", how)
+            how = f"`python run.py {commands[n]}" + (" data.text=...` (GPU)" if gpu else "` (CPU)")
+            sec.missing_line(f"the record of {commands[n]} (experiments.{n})", how)
     if all(r is None for r in recs.values()):
         return sec
     sec.sources += [f"`{r['_path']}`" for r in recs.values() if r is not None]

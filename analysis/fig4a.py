@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis import calibration_check, plot_mse_vs_sparsity
 from analysis.inputs import calibrated, input_label, mistokenized
-from analysis.records import device_label, rel_path
+from analysis.records import device_label, experiment_commands, rel_path
 from analysis.sections import Ctx, Section, missing_baselines
 from analysis.tables import markdown
 
@@ -17,9 +17,18 @@ FIG4A = (
         "fig4a_mse_vs_sparsity",
         "`python run.py experiment=fig4a_mse_vs_sparsity data.text=...` (GPU)",
     ),
-    ("fig4a_gemma3_270m_32k", "`python run.py experiment=fig4a_gemma3_270m_32k` (GPU)"),
-    ("fig4a_gemma3_270m_8k", "`python run.py experiment=fig4a_gemma3_270m_8k` (CPU, about 12 min)"),
-    ("fig4a_smollm2_135m_8k", "`python run.py experiment=fig4a_smollm2_135m_8k` (CPU)"),
+    (
+        "fig4a_gemma3_270m_32k",
+        "`python run.py experiment=fig4a_mse_vs_sparsity scale=gemma3_270m_32k` (GPU)",
+    ),
+    (
+        "fig4a_gemma3_270m_8k",
+        "`python run.py experiment=fig4a_mse_vs_sparsity scale=gemma3_270m_8k` (CPU, about 12 min)",
+    ),
+    (
+        "fig4a_smollm2_135m_8k",
+        "`python run.py experiment=fig4a_mse_vs_sparsity scale=smollm2_135m_8k` (CPU)",
+    ),
 )
 
 
@@ -78,13 +87,14 @@ def section(ctx: Ctx) -> Section:
         "fig4a", "Fig. 4a: MSE vs sparsity at matched sparsity", "Fig. 4a (Llama-3.1-8B, 128K)"
     )
     differs = []
+    commands = experiment_commands()
     for name, how in FIG4A:
         rec = ctx.experiment(name)
         if rec is None:
-            sec.missing_line(f"the kind=matched record of experiment={name}", how)
+            sec.missing_line(f"the kind=matched record of {commands[name]}", how)
             continue
         missing_baselines(sec, set(rec["metrics"]["methods"]),
-                          f"the kind=matched record of experiment={name}",
+                          f"the kind=matched record of {commands[name]}",
                           f"{how}; every method again, one record")  # fmt: skip
         out = ctx.out / f"{name}.png"
         plot_mse_vs_sparsity.plot(rec, out)

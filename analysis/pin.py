@@ -7,7 +7,9 @@
 The pins live in ``results/manifest.yaml`` (paths relative to ``--results``): ``experiments:`` (the
 harness's sweep/matched records, re-pinned here) and ``records:`` (benchmark, time-to-first-token
 and capture records, edited by hand). Re-pinning keeps ``records:`` as it is. Then it rebuilds
-every artifact with ``analysis/make_all.py`` (``results/figures/``).
+every artifact with ``analysis/make_all.py`` (``results/figures/``). The names that can be pinned
+(:data:`EXPERIMENTS`) are read from ``conf/`` (``analysis.records.experiment_commands``): those of
+the runs that write ``results/experiments/<name>/`` records.
 """
 
 from __future__ import annotations
@@ -19,16 +21,10 @@ from pathlib import Path
 import yaml
 
 from analysis import make_all
-from analysis.records import MANIFEST, latest
+from analysis.records import MANIFEST, experiment_commands, latest
 
-EXPERIMENTS = (
-    "hparams_tau", "hparams_S", "component_ablation", "fig4a_mse_vs_sparsity",
-    "calibration_check_real", "calibration_check_calibrated", "calibration_check_default",
-    "fig4a_gemma3_270m_8k", "fig4a_smollm2_135m_8k", "hparams_tau_gemma3_270m_8k",
-    "hparams_S_gemma3_270m_8k", "component_ablation_gemma3_270m_8k", "fig4a_gemma3_270m_32k",
-    "hparams_tau_gemma3_270m_32k", "hparams_S_gemma3_270m_32k",
-    "component_ablation_gemma3_270m_32k",
-)  # fmt: skip
+# name -> the arguments of the command that makes its records (conf/experiment/, conf/scale/)
+EXPERIMENTS = experiment_commands()
 HEADER = """\
 # The records behind the published tables and figures in results/figures/ (paths relative to
 # results/). The analysis scripts read these records, never "the newest record": running an
@@ -61,7 +57,12 @@ def repin(results: Path, pins: dict, use_latest: bool, assignments: list[str]) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    names = "".join(f"\n  {name:36} python run.py {args}" for name, args in EXPERIMENTS.items())
+    ap = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+        epilog=f"NAME (the command that makes its records):{names}",
+    )
     ap.add_argument("pins", nargs="*", help="NAME=PATH (relative to --results) to pin")
     ap.add_argument("--results", type=Path, default=Path("results"))
     ap.add_argument("--latest", action="store_true", help="pin the newest ok record of each")

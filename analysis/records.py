@@ -25,6 +25,35 @@ def rel_path(path) -> str:
     return str(Path(*parts[parts.index("results") :])) if "results" in parts else str(path)
 
 
+CONF = ROOT / "conf"
+# the kinds whose records are results/experiments/<name>/<id>/record.json (the other kinds' have a
+# folder of their own: experiments/records.py PATHS)
+RECORD_KINDS = ("sweep", "matched")
+# what a scaled study's name (conf/scale/study/<experiment>.yaml) reads: the scale preset chosen
+SCALE_CHOICE = "${hydra:runtime.choices.scale}"
+
+
+def experiment_commands(conf: Path = CONF) -> dict[str, str]:
+    """Each name of ``results/experiments/<name>/`` that a command makes -> the command's
+    arguments: every ``conf/experiment/`` file of a kind in :data:`RECORD_KINDS` (its ``name``),
+    and every study that ``conf/scale/study/`` scales at every ``conf/scale/`` preset (the study
+    file's ``name`` with the preset's name in it). Read from the files, not composed;
+    ``tests/test_analysis.py`` checks them against Hydra's composition."""
+    out = {}
+    for path in sorted((conf / "experiment").glob("*.yaml")):
+        cfg = yaml.safe_load(path.read_text()) or {}
+        kinds = [d["override /kind"] for d in cfg.get("defaults") or []
+                 if isinstance(d, dict) and "override /kind" in d]  # fmt: skip
+        if kinds and kinds[-1] in RECORD_KINDS:
+            out[cfg["name"]] = f"experiment={path.stem}"
+    presets = sorted(p.stem for p in (conf / "scale").glob("*.yaml"))
+    for path in sorted((conf / "scale" / "study").glob("*.yaml")):
+        name = (yaml.safe_load(path.read_text()) or {})["name"]
+        for preset in presets:
+            out[name.replace(SCALE_CHOICE, preset)] = f"experiment={path.stem} scale={preset}"
+    return out
+
+
 def paper_numbers() -> dict:
     return yaml.safe_load((HERE / "paper_numbers.yaml").read_text())
 

@@ -9,6 +9,9 @@ an in-process sweep gives each point's too, and an experiment file with ``hydra/
 gives every job of its multirun. ``git_rev=snapshot`` pins the code revision (it is not part of
 the config's identity), so the ids do not move with each commit. A job that the harness refuses
 before it writes (a missing data file, a missing package) keeps its ``config_id`` and the refusal.
+A study at a small model's scale is ``experiment=<study> scale=<preset>`` (conf/scale/): the 9
+experiment files that copied a study per model and length are gone, and their entries moved to
+that spelling with their ids (:data:`RENAMED`).
 
     PYTHONPATH=. python tests/config_ids.py --write    # rewrite tests/data/config_ids.json
 """
@@ -57,6 +60,25 @@ COMMAND_LINES = [
      "+matched.ranges={s2o:[1.0e-5,0.5]}", "+matched.scan={}", "+matched.target_sparsity=[0.9]",
      "+matched.target_mse=[]", "+matched.tol_sparsity=0.002"],
 ]  # fmt: skip
+
+
+# conf/scale/ replaced 9 experiment files (issue 30, step 6): each file's command line -> the one
+# that makes the same runs now. Their snapshot entries were moved to the new spelling unchanged
+# (not recomputed), so tests/test_config_ids.py checks that the new command line gives the ids,
+# record folders and sweep points that the old one gave.
+RENAMED = {
+    "experiment=fig4a_gemma3_270m_8k": "experiment=fig4a_mse_vs_sparsity scale=gemma3_270m_8k",
+    "experiment=fig4a_gemma3_270m_32k": "experiment=fig4a_mse_vs_sparsity scale=gemma3_270m_32k",
+    "experiment=fig4a_smollm2_135m_8k": "experiment=fig4a_mse_vs_sparsity scale=smollm2_135m_8k",
+    "experiment=hparams_S_gemma3_270m_8k": "experiment=hparams_S scale=gemma3_270m_8k",
+    "experiment=hparams_S_gemma3_270m_32k": "experiment=hparams_S scale=gemma3_270m_32k",
+    "experiment=hparams_tau_gemma3_270m_8k": "experiment=hparams_tau scale=gemma3_270m_8k",
+    "experiment=hparams_tau_gemma3_270m_32k": "experiment=hparams_tau scale=gemma3_270m_32k",
+    "experiment=component_ablation_gemma3_270m_8k":
+        "experiment=component_ablation scale=gemma3_270m_8k",
+    "experiment=component_ablation_gemma3_270m_32k":
+        "experiment=component_ablation scale=gemma3_270m_32k",
+}  # fmt: skip
 
 
 def experiments() -> list[str]:
@@ -116,20 +138,20 @@ def job(args: list[str]) -> dict:
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
 
 
-def multirun_jobs(experiment: str) -> list[list[str]]:
-    """The jobs of ``python run.py -m experiment=<name>`` with ``hydra/sweeper=points`` (none
-    for a file without points)."""
+def multirun_jobs(args: list[str]) -> list[list[str]]:
+    """The jobs of ``python run.py -m <args>`` (``experiment=<name>``, maybe ``scale=<preset>``)
+    with ``hydra/sweeper=points`` (none for a file without points)."""
     from harness_util import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from hydra_plugins.s2o_sweepers.points import expand
 
-    cfg = compose([f"experiment={experiment}"])
+    cfg = compose(args)
     points = cfg.hydra.sweeper.get("points") if "sweeper" in cfg.hydra else None
     if not points:
         return []
     parser = OverridesParser.create()
-    command_line = parser.parse_overrides([f"experiment={experiment}"])
+    command_line = parser.parse_overrides(args)
     return expand(list(points), command_line, parser)
 
 
@@ -139,10 +161,10 @@ def snapshot() -> dict:
     out = {}
     for args in COMMAND_LINES:
         out[" ".join(args) or "(default)"] = job(args)
-    for name in experiments():
-        out[f"experiment={name}"] = job([f"experiment={name}"])
-        out[f"experiment={name} dry_run=true"] = job([f"experiment={name}", "dry_run=true"])
-        for args in multirun_jobs(name):
+    for line in [f"experiment={name}" for name in experiments()] + list(RENAMED.values()):
+        out[line] = job(line.split())
+        out[f"{line} dry_run=true"] = job([*line.split(), "dry_run=true"])
+        for args in multirun_jobs(line.split()):
             out["-m " + " ".join(args)] = job(args)
     return out
 

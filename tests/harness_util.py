@@ -13,11 +13,27 @@ if str(ROOT) not in sys.path:
 
 
 def compose(overrides: list[str]):
+    """The config of ``python run.py <overrides>``, with its ``hydra`` node. As Hydra does before
+    a job, ``HydraConfig`` is set to it (a copy: it makes its hydra node read-only), so that
+    ``${hydra:runtime.choices.scale}`` (a scaled study's ``name``, conf/scale/study/) resolves."""
+    import copy
+
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose("config", overrides=overrides, return_hydra_config=True)
+        cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(copy.deepcopy(cfg))
+    return cfg
+
+
+def scaled() -> list[tuple[str, str]]:
+    """``(study, preset)`` of every ``python run.py experiment=<study> scale=<preset>``: each
+    conf/scale/ preset with each study that conf/scale/study/ scales."""
+    presets = sorted(p.stem for p in (CONF / "scale").glob("*.yaml"))
+    studies = sorted(p.stem for p in (CONF / "scale" / "study").glob("*.yaml"))
+    return [(study, preset) for study in studies for preset in presets]
 
 
 def run_inprocess(overrides: list[str], results: Path) -> dict:

@@ -7,10 +7,11 @@ import json
 import subprocess
 
 import pytest
-from harness_util import ROOT, run_inprocess
+import yaml
+from harness_util import CONF, ROOT, compose, run_inprocess
 
 from analysis import ablation_tables, pin, plot_mse_vs_sparsity
-from analysis.records import SCRATCH, describe, paper_numbers
+from analysis.records import RECORD_KINDS, SCRATCH, describe, paper_numbers
 
 
 def test_paper_numbers_match_the_published_tables():
@@ -25,8 +26,8 @@ def test_paper_numbers_match_the_published_tables():
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     names = ("hparams_tau", "hparams_S", "component_ablation", "fig4a_mse_vs_sparsity")
-    for name in (*names, *ablation_tables.CAPTURED):
-        rec = run_inprocess([f"experiment={name}", "dry_run=true", "data=synthetic"], out)
+    for name in (*names, *ablation_tables.CAPTURED):  # CAPTURED: conf/scale/ presets' records
+        rec = run_inprocess([*pin.EXPERIMENTS[name].split(), "dry_run=true", "data=synthetic"], out)
         assert rec["status"] == "ok", rec.get("traceback")
     return out
 
@@ -149,3 +150,27 @@ def test_flashprefill_joins_the_pages_as_missing_records_never_a_number():
         for line in section.splitlines():
             if "flashprefill" in line and line.startswith("|"):
                 raise AssertionError(f"a table row names flashprefill without its records: {line}")
+
+
+def test_pin_names_are_the_experiment_records_that_conf_makes():
+    """pin.EXPERIMENTS (analysis.records.experiment_commands, read from conf/'s files) is what
+    Hydra composes: each name's command makes a sweep or matched run of that name, and every
+    experiment file of those kinds is in it."""
+    for name, args in pin.EXPERIMENTS.items():
+        cfg = compose(args.split())
+        assert (cfg.name, cfg.kind in RECORD_KINDS) == (name, True), args
+    commands = set(pin.EXPERIMENTS.values())
+    for path in sorted((CONF / "experiment").glob("*.yaml")):
+        kind = compose([f"experiment={path.stem}"]).kind
+        assert (kind in RECORD_KINDS) == (f"experiment={path.stem}" in commands), path.stem
+
+
+def test_every_pinned_experiment_resolves():
+    """results/manifest.yaml's `experiments:` pins: names pin.py knows, ok records of that name."""
+    pins = yaml.safe_load((ROOT / "results" / "manifest.yaml").read_text())["experiments"]
+    assert len(pins) >= 16
+    for name, rel in pins.items():
+        assert name in pin.EXPERIMENTS, name
+        rec = json.loads((ROOT / "results" / rel).read_text())
+        assert rec["status"] == "ok" and rec["config"]["name"] == name, rel
+        assert rel.startswith(f"experiments/{name}/"), rel

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness_util import CONF, compose, run_cli, run_inprocess
+from harness_util import CONF, compose, run_cli, run_inprocess, scaled
 from omegaconf import OmegaConf
 
 import s2o
@@ -54,6 +54,23 @@ def test_every_experiment_composes(experiment):
         assert cfg.data.text == "longbench_v2", "paper-scale runs must ask for the paper's text"
 
 
+@pytest.mark.parametrize("study, scale", scaled())
+def test_every_scaled_study_composes(study, scale):
+    """`experiment=<study> scale=<preset>`: the study's kind, on the preset's model and essays
+    within its context, named after the preset (its records: results/experiments/<name>/)."""
+    kind = compose([f"experiment={study}"]).kind
+    cfg = compose([f"experiment={study}", f"scale={scale}"])  # (its name reads the last compose's)
+    assert cfg.kind == kind
+    assert cfg.name.endswith(f"_{scale}") and cfg.name.split("_")[0] == study.split("_")[0]
+    assert cfg.data.source == "model" and cfg.data.text == "essays"
+    assert cfg.data.L <= cfg.model.max_len
+
+
+def test_a_scale_needs_a_study_that_says_how_it_scales():
+    with pytest.raises(Exception, match="scale/study/calibration_check_real"):
+        compose(["experiment=calibration_check_real", "scale=gemma3_270m_8k"])
+
+
 @pytest.mark.parametrize("launcher", ["local", "slurm", "node_gpus"])
 def test_launchers_compose(launcher):
     cfg = compose([f"hydra/launcher={launcher}"])
@@ -64,6 +81,21 @@ def test_launchers_compose(launcher):
 def test_every_experiment_dry_runs(experiment, tmp_path):
     rec = run_inprocess([f"experiment={experiment}", "dry_run=true", "data=synthetic"], tmp_path)
     assert rec["status"] == "ok", rec.get("traceback")
+    metrics = rec["metrics"]
+    if rec["kind"] == "sweep":
+        assert metrics["n_failed"] == 0, metrics["failed"]
+        assert metrics["n_points"] >= 2
+    if rec["kind"] == "matched":
+        assert metrics["methods"]["s2o"]["status"] == "ok"
+        assert metrics["methods"]["s2o"]["curve"], "no curve points"
+
+
+@pytest.mark.parametrize("study, scale", scaled())
+def test_every_scaled_study_dry_runs(study, scale, tmp_path):
+    args = [f"experiment={study}", f"scale={scale}", "dry_run=true", "data=synthetic"]
+    rec = run_inprocess(args, tmp_path)
+    assert rec["status"] == "ok", rec.get("traceback")
+    assert rec["config"]["name"].endswith(f"_{scale}")
     metrics = rec["metrics"]
     if rec["kind"] == "sweep":
         assert metrics["n_failed"] == 0, metrics["failed"]

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from harness_util import ROOT, compose, run_cli, run_inprocess
+from harness_util import ROOT, compose, run_cli, run_inprocess, scaled
 
 import run
 from experiments import records as common
@@ -165,6 +165,16 @@ def test_int32_data_file_is_refused(tmp_path):
 def test_every_experiment_dry_runs_by_name_without_weights(experiment, tmp_path):
     """Exactly `python run.py experiment=<name> dry_run=true`: no data=synthetic given."""
     rec = run_inprocess([f"experiment={experiment}", "dry_run=true"], tmp_path)
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["config"]["data"]["source"] == "synthetic" and rec["config"]["data"]["L"] <= 512
+    for p in rec["metrics"].get("points", []):
+        assert p["status"] == "ok", p
+
+
+@pytest.mark.parametrize("study, scale", scaled())
+def test_every_scaled_study_dry_runs_by_name_without_weights(study, scale, tmp_path):
+    """Exactly `python run.py experiment=<study> scale=<preset> dry_run=true`."""
+    rec = run_inprocess([f"experiment={study}", f"scale={scale}", "dry_run=true"], tmp_path)
     assert rec["status"] == "ok", rec.get("error")
     assert rec["config"]["data"]["source"] == "synthetic" and rec["config"]["data"]["L"] <= 512
     for p in rec["metrics"].get("points", []):
