@@ -37,6 +37,20 @@ HEADER = """\
 """
 
 
+def replace_block(text: str, key: str, value: dict) -> str:
+    """``text`` (a YAML file) with its top-level ``key:`` block replaced by ``value`` (appended
+    where there is none); every other line, comments included, as it was."""
+    lines = text.splitlines(keepends=True)
+    block = yaml.safe_dump({key: value}, sort_keys=False)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == f"{key}:"), None)
+    if start is None:
+        return text + ("" if not text or text.endswith("\n") else "\n") + block
+    end = next((j for j in range(start + 1, len(lines))
+                if lines[j].strip() and not lines[j][0].isspace() and not lines[j].startswith("#")),
+               len(lines))  # fmt: skip
+    return "".join(lines[:start]) + block + "".join(lines[end:])
+
+
 def repin(results: Path, pins: dict, use_latest: bool, assignments: list[str]) -> dict:
     """New pins: the newest ok records (``use_latest``) and/or ``NAME=PATH`` assignments."""
     pins = dict(pins)
@@ -72,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     pins = (current or {}).get("experiments") or {}
     if args.latest or args.pins:
         pins = repin(args.results, pins, args.latest, args.pins)
-        body = yaml.safe_dump({**(current or {}), "experiments": pins}, sort_keys=False)
-        path.write_text(HEADER + body)
+        text = path.read_text() if path.is_file() else HEADER
+        path.write_text(replace_block(text, "experiments", pins))
         print(f"pinned: {path}")
     make_all.main(["--results", str(args.results)])
 

@@ -174,3 +174,18 @@ def test_every_pinned_experiment_resolves():
         rec = json.loads((ROOT / "results" / rel).read_text())
         assert rec["status"] == "ok" and rec["config"]["name"] == name, rel
         assert rel.startswith(f"experiments/{name}/"), rel
+
+
+def test_re_pinning_keeps_the_manifest_comments_and_the_records_block():
+    """Was: pin.py dumped the whole manifest again, dropping every comment of ``records:``."""
+    text = ("# header\nexperiments:\n  a: experiments/a/1/record.json\n"
+            "  b: experiments/b/1/record.json\nrecords:\n  e2e:   # why this one\n"
+            "    m: e2e/m/1/record.json\n  # a note\n"
+            "  accuracy:\n  - accuracy/x/record.json  # kept\n")  # fmt: skip
+    out = pin.replace_block(text, "experiments", {"a": "experiments/a/2/record.json"})
+    assert out.startswith("# header\nexperiments:\n  a: experiments/a/2/record.json\nrecords:\n")
+    assert out.endswith(text[text.index("records:") :])
+    assert yaml.safe_load(out)["records"] == yaml.safe_load(text)["records"]
+    assert pin.replace_block("records: {}\n", "experiments", {"a": "p"}) == (
+        "records: {}\nexperiments:\n  a: p\n"
+    )
