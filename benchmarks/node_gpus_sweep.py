@@ -48,7 +48,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from experiments.provenance import git_revision
+from experiments.provenance import environment, git_revision
+from experiments.records import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -249,7 +250,9 @@ def main() -> None:
     summary["incomplete"] = cut
     # a sweep cut short (budget, a failed point) has no comparable wall time: no speedup
     summary["speedup_2gpu_over_1gpu"] = None if cut else round(one["wall_s"] / two["wall_s"], 3)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # the launcher's host process (torch, Triton, driver versions, revision); the GPUs: "gpus"
+    summary["environment"] = environment("cpu", args.git_rev)
+    write_record(args.out / "summary.json", summary)
     print(brief(summary, args.out))
 
 
@@ -313,7 +316,8 @@ def overhead(args: argparse.Namespace) -> None:
                     | {k: run[k] for k in ("command", "returncode", "wall_s")}
                     | stats
                 )
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary["environment"] = environment("cpu", args.git_rev)
+    write_record(args.out / "summary.json", summary)
     print(brief(summary, args.out))
 
 

@@ -222,6 +222,8 @@ def test_node_gpus_sweep_tiny_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["git_rev"] == "testrev"
+    env_ = summary["environment"]  # written through experiments.records, with provenance
+    assert env_["git_revision"] == "testrev" and env_["torch"] and "triton" in env_
     for tag in ("2gpu", "1gpu"):
         sweep = summary["sweeps"][tag]
         assert sweep["returncode"] == 0 and sweep["points"], sweep
@@ -236,7 +238,8 @@ def test_node_gpus_sweep_takes_the_revision_the_records_take(tmp_path):
            "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((tmp_path / "summary.json").read_text())["git_rev"] == "envrev"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["git_rev"] == "envrev" and summary["environment"]["git_revision"] == "envrev"
 
 
 def test_node_gpus_sweep_reports_no_speedup_over_an_incomplete_sweep():
