@@ -22,6 +22,13 @@ def markdown(s: dict) -> str:
     return overhead_markdown(s) if isinstance(s["sweeps"], list) else sweep_markdown(s)
 
 
+def _samples(sweep: dict) -> str:
+    """An accuracy sweep's throughput (``--accuracy``): its samples over its wall time."""
+    if "samples_per_min" not in sweep:
+        return ""
+    return f"; {sweep['samples']} samples, {sweep['samples_per_min']:.1f} a minute"
+
+
 def sweep_markdown(s: dict) -> str:
     """A GPU sweep's summary (``benchmarks/node_gpus_sweep.py``): wall times, the speedup or why
     there is none, each point's GPU, CPUs, worker and time, and nvidia-smi's utilization."""
@@ -34,8 +41,9 @@ def sweep_markdown(s: dict) -> str:
         "",
         f"Command: `{s.get('command', '?')}`",
         "",
-        f"- all visible GPUs: {two['wall_s']:.1f} s wall (exit {two['returncode']})",
-        f"- GPU 0 alone: {one['wall_s']:.1f} s wall (exit {one['returncode']})",
+        f"- all visible GPUs: {two['wall_s']:.1f} s wall (exit {two['returncode']})"
+        + _samples(two),
+        f"- GPU 0 alone: {one['wall_s']:.1f} s wall (exit {one['returncode']})" + _samples(one),
         f"- speedup: {speedup:.2f}x"
         if speedup is not None
         else f"- speedup: not measured (a sweep is incomplete: {'; '.join(s['incomplete'])})",

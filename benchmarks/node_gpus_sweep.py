@@ -4,6 +4,7 @@ on all visible GPUs, then on the first GPU alone, with ``nvidia-smi`` sampling d
     python3 -m benchmarks.node_gpus_sweep --out "$OUT"               # the 2-GPU machine
     python3 -m benchmarks.node_gpus_sweep --out /tmp/ng --tiny       # CPU dry run, fake GPUs 0,1
     python3 -m benchmarks.node_gpus_sweep --overhead 16 --out results/launchers/<name>   # CPU
+    python3 -m benchmarks.node_gpus_sweep --accuracy --jobs-per-gpu 4 --out "$OUT" --extra ...
 
 The sweep: S2O on the synthetic input at ``--L`` tokens (32 query / 8 KV heads, bf16), one point
 per ``--taus`` value; each point times estimation, attention and Full with ``do_bench`` for
@@ -21,6 +22,14 @@ launcher's output) and ``summary.json`` (wall times, speedup, the GPU of each po
 mean utilization and busy fraction while the sweep ran; ``python -m analysis.launchers
 <out>/summary.json`` writes its tables to ``summary.md``). ``--reuse-workers false`` runs both
 sweeps with a new process per job (the launcher's ``reuse_workers``).
+
+``--accuracy`` times an accuracy sweep instead (issue 31's second run): one kind=accuracy job per
+method (full, s2o, flexprefill, xattn, pbs) on RULER ``--task`` at ``--L`` tokens (8192), ``--n``
+samples each, of ``--model`` (Gemma 3 270M; ``--extra model.path=<dir> model.gguf_file=<file>``
+where its package is not installed), ``--jobs-per-gpu`` jobs at once on a GPU. A warm-up of one
+sample per method comes first (model caches, kernels); each timed sweep builds its own prompts.
+``summary.json`` adds each sweep's samples and samples per minute. ``--tiny``: SmolLM2 on the
+CPU at 1K tokens, two methods.
 
 ``--overhead N`` measures the launcher's cost per job instead, on any machine (a CPU is enough):
 N trivial points (``dry_run=true`` at its tiny size, ``timing.enabled=false``, one per seed)
@@ -54,8 +63,33 @@ from experiments.records import write_record
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# --accuracy: issue 31's accuracy sweep, five methods on one RULER task of a small model
+ACCURACY_METHODS = "full,s2o,flexprefill,xattn,pbs"
+
+
+def accuracy_args(args: argparse.Namespace, n: int) -> list[str]:
+    """run.py overrides of the accuracy sweep: one job per method, ``n`` samples each."""
+    if args.tiny:  # CPU: the real SmolLM2 (its PyPI GGUF) at 1K tokens, two methods, fp32
+        return ["method=full,s2o", "kind=accuracy", "benchmark=ruler", "model=smollm2_135m",
+                "device=cpu", "dtype=float32", "benchmark.tasks=[niah_single_1]",
+                "benchmark.lengths=[1024]", f"benchmark.n={n}"]  # fmt: skip
+    return [
+        f"method={ACCURACY_METHODS}",
+        "kind=accuracy",
+        "benchmark=ruler",
+        f"model={args.model}",
+        f"benchmark.tasks=[{args.task}]",
+        f"benchmark.lengths=[{args.L}]",
+        f"benchmark.n={n}",
+        f"hydra.launcher.jobs_per_gpu={args.jobs_per_gpu}",
+        *args.extra,
+    ]
+
+
 def sweep_args(args: argparse.Namespace) -> list[str]:
     """run.py overrides of the sweep (without the launcher)."""
+    if getattr(args, "accuracy", False):
+        return accuracy_args(args, args.n)
     if args.tiny:
         return ["method=s2o", f"tau={','.join(args.taus)}", "dry_run=true", "timing.rep=2"]
     return [
@@ -188,7 +222,7 @@ def _tau(overrides: list[str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/_scratch")))
-    ap.add_argument("--L", type=int, default=65536)
+    ap.add_argument("--L", type=int, default=None, help="tokens (65536; --accuracy: 8192)")
     ap.add_argument("--S", type=int, default=2048)
     ap.add_argument("--rep-ms", type=int, default=3000, help="do_bench time per timed function")
     ap.add_argument("--taus", default="0.001,0.002,0.003,0.004,0.005,0.01,0.02,0.05")
@@ -207,11 +241,21 @@ def main() -> None:
         "and every worker's first point loads it (auto: <out>/input_cache; none: each worker "
         "builds it on its CPUs, 15-35 s at 64K, on the critical path of both sweeps)",
     )
+    ap.add_argument("--accuracy", action="store_true",
+                    help="issue 31's accuracy sweep instead: five methods, one RULER task of "
+                    "--model at --L tokens, --n samples each")  # fmt: skip
+    ap.add_argument("--model", default="gemma3_270m")
+    ap.add_argument("--task", default="niah_single_1")
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--jobs-per-gpu", type=int, default=1)
+    ap.add_argument("--extra", nargs="*", default=[],
+                    help="--accuracy: more run.py overrides (model.path=...)")  # fmt: skip
     ap.add_argument("--overhead", type=int, default=0, metavar="N", help="launcher cost per job")
     ap.add_argument("--fake-gpus", default="0", help="--overhead: CUDA_VISIBLE_DEVICES to use")
     ap.add_argument("--repeats", type=int, default=2, help="--overhead: sweeps per setting")
     args = ap.parse_args()
     args.taus = args.taus.split(",")
+    args.L = args.L or (8192 if args.accuracy else 65536)
     # one reader with the records: a copied tree's .git may name an older commit than the code
     args.git_rev = git_revision(args.git_rev)
     args.out = args.out.resolve()
@@ -226,13 +270,22 @@ def main() -> None:
     if args.tiny:
         os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
     overrides = sweep_args(args)
-    warm = [o for o in overrides if not o.startswith("tau=")] + [
-        "tau=0.005",
-        "timing.enabled=false",
-    ]
+    if args.accuracy:
+        # one sample per method first: the model's caches (dequantized weights, verified
+        # tokenizer) and every method's kernels are warm for both timed sweeps; each timed sweep
+        # builds its own prompts (a sample cache of its own), so neither inherits the other's
+        warm = accuracy_args(args, 1)
+        tagged = {t: [*overrides, f"benchmark.cache_dir={args.out / f'samples_{t}'}"]
+                  for t in ("2gpu", "1gpu")}  # fmt: skip
+    else:
+        warm = [o for o in overrides if not o.startswith("tau=")] + [
+            "tau=0.005",
+            "timing.enabled=false",
+        ]
+        tagged = {"2gpu": overrides, "1gpu": overrides}
     runs = [run_sweep(args, "warmup", "0", warm)]
-    runs.append(run_sweep(args, "2gpu", None, overrides))
-    runs.append(run_sweep(args, "1gpu", "0", overrides))
+    runs.append(run_sweep(args, "2gpu", None, tagged["2gpu"]))
+    runs.append(run_sweep(args, "1gpu", "0", tagged["1gpu"]))
     summary = {
         "git_rev": args.git_rev,
         "command": " ".join(sys.argv),
@@ -246,8 +299,15 @@ def main() -> None:
         r["gpu_use"] = gpu_use(args.out, r["tag"], r["start"], r["end"])
         summary["sweeps"][r["tag"]] = r
     two, one = summary["sweeps"]["2gpu"], summary["sweeps"]["1gpu"]
-    cut = incomplete(summary, len(args.taus))
+    n_points = len(ACCURACY_METHODS.split(",")) if args.accuracy else len(args.taus)
+    if args.accuracy and args.tiny:
+        n_points = 2
+    cut = incomplete(summary, n_points)
     summary["incomplete"] = cut
+    if args.accuracy:  # every job's samples over the sweep's wall time
+        for sweep in summary["sweeps"].values():
+            sweep["samples"] = n_points * args.n
+            sweep["samples_per_min"] = round(60 * sweep["samples"] / sweep["wall_s"], 1)
     # a sweep cut short (budget, a failed point) has no comparable wall time: no speedup
     summary["speedup_2gpu_over_1gpu"] = None if cut else round(one["wall_s"] / two["wall_s"], 3)
     # the launcher's host process (torch, Triton, driver versions, revision); the GPUs: "gpus"

@@ -307,3 +307,31 @@ def test_profile_prefill_configs_and_refusals():
     for bad in ("[]", "[{tau: 0.1}]"):
         with pytest.raises(SystemExit):
             pp._configs(bad)
+
+
+def test_node_gpus_sweep_accuracy_mode_composes_one_accuracy_job_per_method():
+    """--accuracy (issue 31's second run): every method's job is a valid kind=accuracy config of
+    the asked model, task, length and n, with the asked jobs per GPU; the page reports each
+    sweep's samples per minute."""
+    from argparse import Namespace
+
+    from harness_util import compose
+
+    from analysis.launchers import _samples
+    from benchmarks import node_gpus_sweep as ns
+
+    args = Namespace(accuracy=True, tiny=False, model="gemma3_270m", task="niah_single_1",
+                     L=8192, n=50, jobs_per_gpu=4, extra=["model.path=/tmp/g"])  # fmt: skip
+    over = ns.sweep_args(args)
+    assert "hydra.launcher.jobs_per_gpu=4" in over and "model.path=/tmp/g" in over
+    methods = next(o for o in over if o.startswith("method=")).split("=")[1].split(",")
+    assert methods == ["full", "s2o", "flexprefill", "xattn", "pbs"]
+    job = [o for o in over if not o.startswith(("method=", "hydra."))]
+    for m in methods:
+        cfg = compose([*job, f"method={m}"])
+        assert cfg.kind == "accuracy" and cfg.model.name == "gemma3_270m"
+        assert list(cfg.benchmark.tasks) == ["niah_single_1"] and cfg.benchmark.n == 50
+        assert list(cfg.benchmark.lengths) == [8192] and cfg.model.path == "/tmp/g"
+    assert "benchmark.n=1" in ns.accuracy_args(args, 1)  # the warm-up: one sample per method
+    assert _samples({"samples": 250, "samples_per_min": 83.3}) == "; 250 samples, 83.3 a minute"
+    assert _samples({"wall_s": 3.0}) == ""
