@@ -26,6 +26,7 @@ weights are not at hand. Its attention density says nothing about a trained mode
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -105,7 +106,7 @@ def context(model_cfg: dict, config=None) -> tuple[int | None, str]:
             cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
             where = "config"
         elif model_cfg.get("arch"):
-            cfg, where = dict(model_cfg["arch"]), "model.arch"
+            cfg, where = copy.deepcopy(dict(model_cfg["arch"])), "model.arch"
         else:
             cfg, where = _cached_config(model_cfg)
         if not cfg or not cfg.get("max_position_embeddings"):
@@ -186,7 +187,7 @@ def load(model_cfg: dict, device: torch.device, *, attn_implementation: str = "s
     else:
         config = AutoConfig.from_pretrained(where, **extra)
     if model_cfg.get("rope_scaling"):
-        set_rope_scaling(config, dict(model_cfg["rope_scaling"]))
+        set_rope_scaling(config, copy.deepcopy(dict(model_cfg["rope_scaling"])))
     LAST_LOAD["config_s"] = time.perf_counter() - t
     print(f"loading {describe(model_cfg)} ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
@@ -343,7 +344,9 @@ def random_model(model_cfg: dict, device, dtype, attn_implementation: str, seed:
     """The ``arch`` of a model config, random weights (transformers' own init), on ``device``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    arch = dict(model_cfg.get("arch") or {})
+    # a deep copy: transformers writes into the nested rope dicts it is given (rope_theta into
+    # rope_scaling), and this config is the run's, hashed into its id and stored in its record
+    arch = copy.deepcopy(dict(model_cfg.get("arch") or {}))
     if "model_type" not in arch:
         raise ValueError(
             f"model {model_cfg['name']!r}: weights=random needs an `arch` block with model_type "
@@ -351,7 +354,7 @@ def random_model(model_cfg: dict, device, dtype, attn_implementation: str, seed:
         )
     config = AutoConfig.for_model(**arch)
     if model_cfg.get("rope_scaling"):
-        set_rope_scaling(config, dict(model_cfg["rope_scaling"]))
+        set_rope_scaling(config, copy.deepcopy(dict(model_cfg["rope_scaling"])))
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(

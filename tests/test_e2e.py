@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -29,7 +31,9 @@ def test_model_configs_build_their_architecture(name):
     if name == "gemma3_270m":
         mc["arch"]["layer_types"] = mc["arch"]["layer_types"][:6]
     mc["dtype"] = "float32"
+    before = copy.deepcopy(mc)
     model, tok = models.load(mc, torch.device("cpu"))
+    assert mc == before, "loading wrote into the run's model config (hashed into its id)"
     assert tok is None and model.config.num_hidden_layers == mc["arch"]["num_hidden_layers"]
     layers = {"gemma3_270m": 18, "smollm2_135m": 30, "llama31_8b": 32, "qwen3_8b": 36,
               "qwen25_coder_1p5b": 28}  # fmt: skip
@@ -68,6 +72,11 @@ def test_e2e_job_records_breakdown_and_speedups(tmp_path):
     assert "/e2e/llama31_8b/s2o/" in rec["path"]
     m = rec["metrics"]
     assert m["weights"] == "random" and m["text"] == "random token ids"
+    # the stored config is the one its id hashes (llama3's rope dict was written into at 28c75f4)
+    from experiments import records as common
+
+    cfg, idn = rec["config"], rec["identity"]
+    assert common.config_id(cfg, common._drop_for(cfg), None) == idn["config_id"]
     rows = {(r["L"], r["label"]): r for r in m["rows"]}
     assert set(rows) == {
         (L, c)
