@@ -379,3 +379,16 @@ def test_node_gpus_pins_each_worker_to_its_own_cpus(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {j["cpus"] for j in _ledger(paths["sweep"])} == {None}
     assert all(s["cpus"] == sorted(os.sched_getaffinity(0)) for s in _seen(paths["seen"]).values())
+
+
+def test_node_gpus_without_a_gpu_refuses_in_one_line(tmp_path, monkeypatch):
+    """The README's every-GPU command on a CPU machine: one error line naming the way out, exit
+    code 2, no traceback (Hydra printed its whole stack before)."""
+    from harness_util import run_cli
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    out = run_cli(["-m", "hydra/launcher=node_gpus", "method=s2o", "tau=0.001,0.005"], tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+    assert "no GPU is visible" in line and "hydra/launcher=local" in line

@@ -307,7 +307,11 @@ class NodeGpusLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         (sweep_dir / ".node_gpus").mkdir(parents=True, exist_ok=True)
-        gpus = pick_gpus(self.gpus, os.environ, _cuda_count)
+        try:
+            gpus = pick_gpus(self.gpus, os.environ, _cuda_count)
+        except ValueError as e:  # one line, as run.py refuses a job, not Hydra's traceback
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         k = self.jobs_per_gpu
         how = "reused worker processes" if self.reuse_workers else "one process per job"
         at_once = "one at a time" if k == 1 else f"{k} at a time (sharing it: times are not clean)"
