@@ -375,9 +375,14 @@ class NodeGpusLauncher(Launcher):
                     self._next(w, pending, sel)
             finished = True
         finally:
-            for w in workers:  # released workers exit; interrupted (Ctrl-C, SIGTERM): stopped
+            if not finished:  # interrupted (Ctrl-C, SIGTERM): every worker's group is signalled
+                for w in workers:  # first, so their grace periods run at once, not in turn
+                    if w.proc is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(w.proc.pid, signal.SIGTERM)
+            for w in workers:  # released workers exit; interrupted ones were stopped above
                 if w.proc is not None:
-                    w.retire(sel, 30.0 if finished else 10.0, None if finished else signal.SIGTERM)
+                    w.retire(sel, 30.0 if finished else 10.0)
             sel.close()
             signal.signal(signal.SIGTERM, previous)
         return [rets[job.num] for job in jobs]
