@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -311,10 +312,7 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
                f"The model or its weights differ from the paper's ({papers}): no paper numbers "
                "beside ours.")  # fmt: skip
     done = _cells(recs, fulls, floor)
-    family = [x["cmp"] for *_, rows in done for x in rows
-              if x["cmp"] is not None and not x["cmp"].get("uninformative")]  # fmt: skip
-    for c, q in zip(family, adjust_p([c["p_value"] for c in family], correction)):
-        c["p_adj"] = q
+    family = adjust_family((rows for *_, rows in done), correction)
     name = CORRECTION_NAME[correction]
     out.append(_explain(len(family), name, floor) if fulls else
                "No `full` record: no paired comparisons.")  # fmt: skip
@@ -356,6 +354,16 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
     if only is None:
         out += recipe_section(done, correction, level + 1)
     return "\n".join(out) + "\n"
+
+
+def adjust_family(cells: Iterable[list[dict]], correction: str) -> list[dict]:
+    """A page's family: every informative comparison of ``cells`` (each a list of rows), its p
+    adjusted over all of them in place (``p_adj``, ``correction``: ``"holm"`` or ``"bh"``)."""
+    family = [x["cmp"] for rows in cells for x in rows
+              if x["cmp"] is not None and not x["cmp"].get("uninformative")]  # fmt: skip
+    for c, q in zip(family, adjust_p([c["p_value"] for c in family], correction)):
+        c["p_adj"] = q
+    return family
 
 
 def _cells(recs: list[dict], fulls: list[dict], floor: float) -> list[tuple]:

@@ -45,7 +45,7 @@ from analysis.tables import markdown
 
 EXPERIMENT = "accuracy_qwen_fronts"
 MODEL = "qwen25_coder_1p5b"
-STEM = f"fronts_{MODEL}"
+STEM = f"fronts_{MODEL}"  # the page and figure of the default model
 COMMAND = (f"`python run.py -m experiment={EXPERIMENT} hydra/launcher=node_gpus "
            "hydra.launcher.jobs_per_gpu=3` (GPU; resumable: it skips a job whose record exists "
            "at the same code revision, so at another revision it reruns every job), then pin "
@@ -183,10 +183,7 @@ def _cells(recs: list[dict], floor: float) -> list[tuple]:
         at._gate(rows, floor)
         rows.sort(key=at._order)
         done.append((task, length, rows))
-    family = [x["cmp"] for *_, rows in done for x in rows
-              if x["cmp"] is not None and not x["cmp"].get("uninformative")]  # fmt: skip
-    for c, q in zip(family, at.adjust_p([c["p_value"] for c in family], "holm")):
-        c["p_adj"] = q
+    at.adjust_family((rows for *_, rows in done), "holm")
     return done
 
 

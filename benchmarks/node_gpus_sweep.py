@@ -65,12 +65,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # --accuracy: issue 31's accuracy sweep, five methods on one RULER task of a small model
 ACCURACY_METHODS = "full,s2o,flexprefill,xattn,pbs"
+TINY_METHODS = "full,s2o"  # --accuracy --tiny: the CPU check's two
 
 
 def accuracy_args(args: argparse.Namespace, n: int) -> list[str]:
     """run.py overrides of the accuracy sweep: one job per method, ``n`` samples each."""
     if args.tiny:  # CPU: the real SmolLM2 (its PyPI GGUF) at 1K tokens, two methods, fp32
-        return ["method=full,s2o", "kind=accuracy", "benchmark=ruler", "model=smollm2_135m",
+        return [f"method={TINY_METHODS}", "kind=accuracy", "benchmark=ruler", "model=smollm2_135m",
                 "device=cpu", "dtype=float32", "benchmark.tasks=[niah_single_1]",
                 "benchmark.lengths=[1024]", f"benchmark.n={n}"]  # fmt: skip
     return [
@@ -299,9 +300,8 @@ def main() -> None:
         r["gpu_use"] = gpu_use(args.out, r["tag"], r["start"], r["end"])
         summary["sweeps"][r["tag"]] = r
     two, one = summary["sweeps"]["2gpu"], summary["sweeps"]["1gpu"]
-    n_points = len(ACCURACY_METHODS.split(",")) if args.accuracy else len(args.taus)
-    if args.accuracy and args.tiny:
-        n_points = 2
+    methods = TINY_METHODS if args.tiny else ACCURACY_METHODS
+    n_points = len(methods.split(",")) if args.accuracy else len(args.taus)
     cut = incomplete(summary, n_points)
     summary["incomplete"] = cut
     if args.accuracy:  # every job's samples over the sweep's wall time

@@ -95,21 +95,18 @@ TEMPLATES = {
 
 _MC = {"longbook_choice_eng", "code_debug"}
 
-# The answer cue that ends each completion prompt of the "yarn_mistral" family. A base model
-# continues it as written. With a chat template the prompt becomes a user turn and the model
-# answers in a fresh assistant turn; it restates the cue ("The pass key is 1" in 6 tokens, Qwen
-# writing one token per digit) and runs out of the official budget before the answer. So for a
-# chat model the cue opens the assistant turn: RULER's answer-prefix convention.
+# The answer cue that ends each completion prompt of the "yarn_mistral" family: the template's
+# text after its last field ("The pass key is", "Answer:"; none where the prompt ends with the
+# task's own input). A base model continues it as written. With a chat template the prompt
+# becomes a user turn and the model answers in a fresh assistant turn; it restates the cue ("The
+# pass key is 1" in 6 tokens, Qwen writing one token per digit) and runs out of the official
+# budget before the answer. So for a chat model the cue opens the assistant turn: RULER's
+# answer-prefix convention. (The "gpt4" family's prompts end with instructions, not cues.)
 ANSWER_CUES = {
     "yarn_mistral": {
-        "passkey": "The pass key is",
-        "number_string": "The sequence of digits is",
-        "longbook_sum_eng": "Summary:",
-        "longbook_choice_eng": "The letter of the correct answer is",
-        "longbook_qa_eng": "Answer:",
-        "longbook_qa_chn": "答案：",
-        "code_debug": "The correct option is:",
-        "longdialogue_qa_eng": "The name that has been replaced with $$MASK$$ is likely",
+        name: cue
+        for name, template in TEMPLATES["yarn_mistral"].items()
+        if (cue := template.rsplit("}", 1)[-1].strip())
     },
 }
 

@@ -258,13 +258,18 @@ class _Worker:
         with contextlib.suppress(BrokenPipeError):
             self.proc.stdin.close()
 
-    def retire(self, sel: selectors.BaseSelector, grace_s: float, first: int | None = None) -> int:
-        """End the worker process: end of its stdin (and signal ``first`` to its group),
-        ``grace_s`` to exit, then its process group is killed (children a job left behind, or a
-        worker that did not exit); its exit code."""
+    def send(self, sig: int) -> None:
+        """Send ``sig`` to the worker's process group (the worker and its job's children)."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def retire(self, sel: selectors.BaseSelector, grace_s: float) -> int:
+        """End the worker process: end of its stdin, ``grace_s`` to exit, then its process group
+        is killed (children a job left behind, or a worker that did not exit); its exit code."""
         assert self.proc is not None and self.proc.stdout is not None
         self.release(sel)
-        code = _end(self.proc, first, grace_s)
+        code = _end(self.proc, grace_s)
         self.proc.stdout.close()
         self.proc = None
         return code
@@ -378,8 +383,7 @@ class NodeGpusLauncher(Launcher):
             if not finished:  # interrupted (Ctrl-C, SIGTERM): every worker's group is signalled
                 for w in workers:  # first, so their grace periods run at once, not in turn
                     if w.proc is not None:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(w.proc.pid, signal.SIGTERM)
+                        w.send(signal.SIGTERM)
             for w in workers:  # released workers exit; interrupted ones were stopped above
                 if w.proc is not None:
                     w.retire(sel, 30.0 if finished else 10.0)
@@ -410,12 +414,9 @@ def _exited(pid: int) -> bool:
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _end(proc: subprocess.Popen, first: int | None, grace_s: float) -> int:
-    """Send ``first`` to the worker's process group, give the worker ``grace_s`` to exit, kill
-    what is left of the group, and reap the worker; its exit code."""
-    if first is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, first)
+def _end(proc: subprocess.Popen, grace_s: float) -> int:
+    """Give the worker ``grace_s`` to exit, kill what is left of its process group, and reap the
+    worker; its exit code."""
     deadline = time.monotonic() + grace_s
     while not _exited(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.005)
