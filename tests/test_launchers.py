@@ -221,8 +221,17 @@ def test_node_gpus_stopping_the_sweep_stops_workers_and_their_children(tmp_path,
     paths = _app(tmp_path)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "app.py", "-m", "n=0,1,2", "sleep=300", "spawn=true"]
+    # Ctrl-C reaches a sweep run in the foreground. A shell's background job (``cmd &``, ``nohup``)
+    # starts with SIGINT ignored, which Python keeps; pytest run that way passes it on to the
+    # sweep, which then rightly ignores the signal: so the sweep starts as a foreground one would
     proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.time() + 60
