@@ -22,10 +22,13 @@ def markdown(s: dict) -> str:
     return overhead_markdown(s) if isinstance(s["sweeps"], list) else sweep_markdown(s)
 
 
-def _samples(sweep: dict) -> str:
-    """An accuracy sweep's throughput (``--accuracy``): its samples over its wall time."""
+def _samples(sweep: dict, cut: bool) -> str:
+    """An accuracy sweep's throughput (``--accuracy``): its samples over its wall time; none for
+    a sweep that was cut (summaries before the fix counted a cut sweep's planned samples)."""
     if "samples_per_min" not in sweep:
         return ""
+    if cut or sweep["samples_per_min"] is None:
+        return "; cut before its end: no samples-per-minute figure"
     return f"; {sweep['samples']} samples, {sweep['samples_per_min']:.1f} a minute"
 
 
@@ -34,6 +37,8 @@ def sweep_markdown(s: dict) -> str:
     there is none, each point's GPU, CPUs, worker and time, and nvidia-smi's utilization."""
     two, one = s["sweeps"]["2gpu"], s["sweeps"]["1gpu"]
     speedup = s["speedup_2gpu_over_1gpu"]
+    incomplete = s.get("incomplete", [])
+    cut = {tag: any(c.startswith(f"{tag}:") for c in incomplete) for tag in s["sweeps"]}
     lines = [
         f"# node_gpus sweep, rev {s['git_rev']}, {s['time']}",
         "",
@@ -42,8 +47,9 @@ def sweep_markdown(s: dict) -> str:
         f"Command: `{s.get('command', '?')}`",
         "",
         f"- all visible GPUs: {two['wall_s']:.1f} s wall (exit {two['returncode']})"
-        + _samples(two),
-        f"- GPU 0 alone: {one['wall_s']:.1f} s wall (exit {one['returncode']})" + _samples(one),
+        + _samples(two, cut["2gpu"]),
+        f"- GPU 0 alone: {one['wall_s']:.1f} s wall (exit {one['returncode']})"
+        + _samples(one, cut["1gpu"]),
         f"- speedup: {speedup:.2f}x"
         if speedup is not None
         else f"- speedup: not measured (a sweep is incomplete: {'; '.join(s['incomplete'])})",

@@ -304,16 +304,24 @@ def main() -> None:
     n_points = len(methods.split(",")) if args.accuracy else len(args.taus)
     cut = incomplete(summary, n_points)
     summary["incomplete"] = cut
-    if args.accuracy:  # every job's samples over the sweep's wall time
-        for sweep in summary["sweeps"].values():
-            sweep["samples"] = n_points * args.n
-            sweep["samples_per_min"] = round(60 * sweep["samples"] / sweep["wall_s"], 1)
+    if args.accuracy:  # the samples its jobs wrote over its wall time; no rate for a cut one
+        for tag, sweep in summary["sweeps"].items():
+            sweep["samples"] = samples_written(args.out / f"results_{tag}")
+            cut_here = any(c.startswith(f"{tag}:") for c in cut)
+            sweep["samples_per_min"] = (
+                None if cut_here else round(60 * sweep["samples"] / sweep["wall_s"], 1)
+            )
     # a sweep cut short (budget, a failed point) has no comparable wall time: no speedup
     summary["speedup_2gpu_over_1gpu"] = None if cut else round(one["wall_s"] / two["wall_s"], 3)
     # the launcher's host process (torch, Triton, driver versions, revision); the GPUs: "gpus"
     summary["environment"] = environment("cpu", args.git_rev)
     write_record(args.out / "summary.json", summary)
     print(brief(summary, args.out))
+
+
+def samples_written(results: Path) -> int:
+    """The sample lines under a sweep's results folder (every job's ``samples.jsonl``)."""
+    return sum(len(f.read_text().splitlines()) for f in results.rglob("samples.jsonl"))
 
 
 def incomplete(s: dict, n_points: int) -> list[str]:

@@ -333,5 +333,20 @@ def test_node_gpus_sweep_accuracy_mode_composes_one_accuracy_job_per_method():
         assert list(cfg.benchmark.tasks) == ["niah_single_1"] and cfg.benchmark.n == 50
         assert list(cfg.benchmark.lengths) == [8192] and cfg.model.path == "/tmp/g"
     assert "benchmark.n=1" in ns.accuracy_args(args, 1)  # the warm-up: one sample per method
-    assert _samples({"samples": 250, "samples_per_min": 83.3}) == "; 250 samples, 83.3 a minute"
-    assert _samples({"wall_s": 3.0}) == ""
+    rate = "; 250 samples, 83.3 a minute"
+    assert _samples({"samples": 250, "samples_per_min": 83.3}, False) == rate
+    assert _samples({"wall_s": 3.0}, False) == ""
+    cut = "; cut before its end: no samples-per-minute figure"
+    assert _samples({"samples": 250, "samples_per_min": 83.3}, True) == cut
+    assert _samples({"samples": 3, "samples_per_min": None}, False) == cut
+
+
+def test_node_gpus_sweep_counts_the_samples_its_jobs_wrote(tmp_path):
+    """A sweep's samples are the lines its jobs wrote (a cut sweep wrote fewer than planned)."""
+    from benchmarks import node_gpus_sweep as ns
+
+    for job, lines in (("full/a", 3), ("s2o/b", 2)):
+        (tmp_path / job).mkdir(parents=True)
+        (tmp_path / job / "samples.jsonl").write_text("{}\n" * lines)
+    assert ns.samples_written(tmp_path) == 5
+    assert ns.samples_written(tmp_path / "none") == 0

@@ -39,3 +39,16 @@ def test_overhead_summary_gets_its_table(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| reuse_true_0 | 0 | 2 | 4.0 | 2.000 |" in text, text
     assert "Wall per job, reuse off / on (mean over sweeps): 2.50x" in text
+
+
+def test_a_cut_accuracy_sweep_gets_no_rate():
+    """31e00d2's accuracy sweep: both GPUs complete (a rate), GPU 0 alone cut by the budget (the
+    summary of that revision gave it one from its planned samples; the page must not)."""
+    folder = ROOT / "results/launchers/node_gpus_accuracy_h100x2_31e00d2"
+    text = launchers.markdown(json.loads((folder / "jpg4" / "summary.json").read_text()))
+    assert "- all visible GPUs: 250.9 s wall (exit 0); 250 samples, 59.8 a minute" in text, text
+    assert "(exit timeout (--budget-s)); cut before its end: no samples-per-minute figure" in text
+    assert "542.5" not in text
+    for run in ("jpg4", "jpg1"):
+        summary = json.loads((folder / run / "summary.json").read_text())
+        assert launchers.markdown(summary) == (folder / run / "summary.md").read_text(), run
