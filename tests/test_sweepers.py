@@ -53,7 +53,7 @@ def test_points_must_be_strings_and_parse():
      ("accuracy_qwen_ruler", 6 + 6),
      ("accuracy_qwen_fronts", 1 + 6 + 4 + 2 + 5 + 4 + 4 + 5),
      ("accuracy_qwen_long", 6 + 6), ("accuracy_qwen_passkey_32k", 6),
-     ("accuracy_small_rows", 5 + 1 + 6)],
+     ("accuracy_small_rows", 5 + 1 + 6), ("accuracy_retrieval_gemma_niah", 3 + 2)],
 )  # fmt: skip
 def test_accuracy_experiments_compose_every_job(experiment, n_jobs):
     """Every job of the file composes (a knob that its method lacks would fail here), and the
