@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.records import HERE, SCRATCH, paper_numbers
+from analysis.records import HERE, SCRATCH, device_label, paper_numbers
 from analysis.tables import markdown
 from eval.significance import (
     EXACT_MAX,
@@ -286,6 +286,19 @@ def tokenizer_note(rec: dict) -> str | None:
     return faulty_tokenizer(model.get("gguf_file"), rec["environment"].get("transformers"))
 
 
+def _devices(recs: list[dict]) -> str:
+    """Where the records ran: each device (and whether it was shared) with its records' lengths."""
+    seen: dict[str, list] = defaultdict(lambda: [0, set()])
+    for r in recs:
+        env = r["environment"]
+        entry = seen[device_label(env) if "device_name" in env else "device not recorded"]
+        entry[0] += 1
+        entry[1].update(c["length"] for c in r["metrics"].get("cells", []))
+    parts = [f"{d} ({k} record{'s' * (k > 1)}; lengths {', '.join(f'{x:,}' for x in sorted(ls))})"
+             for d, (k, ls) in sorted(seen.items())]  # fmt: skip
+    return "Devices: " + "; ".join(parts) + "."
+
+
 def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
            correction: str = CORRECTION, floor: float | None = None) -> str:  # fmt: skip
     """Markdown tables of one benchmark and model (every record of ``recs``); ``only``: the
@@ -311,6 +324,7 @@ def tables(recs: list[dict], only: set[str] | None = None, level: int = 2,
     out.append(f"Paper's numbers: {paper['cite']}." if theirs else
                f"The model or its weights differ from the paper's ({papers}): no paper numbers "
                "beside ours.")  # fmt: skip
+    out.append(_devices(recs))
     done = _cells(recs, fulls, floor)
     family = adjust_family((rows for *_, rows in done), correction)
     name = CORRECTION_NAME[correction]

@@ -268,3 +268,19 @@ def test_partial_samples_pack_only_without_a_record(tmp_path):
     path.unlink()
     packed = records.pack_samples(path, partial=True)
     assert len(records.sample_lines(path)) == N and packed.exists()
+
+
+def test_a_page_says_on_which_device_each_length_ran():
+    """Records of one model made on a GPU and on the CPU: the page's Devices line names both,
+    with their lengths, so a CPU cell is never read as a GPU one."""
+    gpu = {
+        "environment": {"device_name": "NVIDIA H100 80GB HBM3"},
+        "metrics": {"cells": [{"length": 16384}, {"length": 32768}]},
+    }
+    cpu = {"environment": {"device_name": "x86_64"}, "metrics": {"cells": [{"length": 4096}]}}
+    line = at._devices([gpu, gpu, cpu])
+    assert line == ("Devices: NVIDIA H100 80GB HBM3 (2 records; lengths 16,384, 32,768); "
+                    "x86_64 (1 record; lengths 4,096)."), line  # fmt: skip
+    assert at._devices([{"environment": {}, "metrics": {}}]).startswith(
+        "Devices: device not recorded"
+    )
