@@ -290,10 +290,9 @@ def _devices(recs: list[dict]) -> str:
     """Where the records ran: each device (and whether it was shared) with its records' lengths."""
     seen: dict[str, list] = defaultdict(lambda: [0, set()])
     for r in recs:
-        env = r["environment"]
-        entry = seen[device_label(env) if "device_name" in env else "device not recorded"]
+        entry = seen[device_label(r["environment"])]
         entry[0] += 1
-        entry[1].update(c["length"] for c in r["metrics"].get("cells", []))
+        entry[1].update(c["length"] for c in r["metrics"]["cells"])
     parts = [f"{d} ({k} record{'s' * (k > 1)}; lengths {', '.join(f'{x:,}' for x in sorted(ls))})"
              for d, (k, ls) in sorted(seen.items())]  # fmt: skip
     return "Devices: " + "; ".join(parts) + "."
