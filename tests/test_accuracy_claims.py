@@ -43,7 +43,8 @@ def write(
     write_record(folder / "record.json", {
         "status": "ok", "id": rid, "kind": "accuracy", "method": method,
         "config": {"model": {"name": "m"}, "benchmark": {"name": "ruler"}, "name": name},
-        "environment": {"time": "2026-11-23T10:00:00+00:00"}, "metrics": metrics})  # fmt: skip
+        "environment": {"time": "2026-11-23T10:00:00+00:00", "device_name": "cpu"},
+        "metrics": metrics})  # fmt: skip
 
 
 def _recs(folder):
