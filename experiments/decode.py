@@ -50,6 +50,14 @@ job's models and its single-character stops):
   forced BOS/EOS, ...): this loop refuses such a config (``ValueError`` naming the setting) instead
   of decoding differently.
 
+**Several prompts at once** (:func:`greedy_decode_batch`): each prompt is prefilled alone
+(:func:`prefill`: batch 1, unpadded, as the sparse methods need), then the caches are merged into
+one left-padded batch and decoded together, one forward per step for every row still decoding,
+each row with its own positions, padding mask and stops. A small model's decode step is bound by
+the host (the forward's Python, not the GPU), so B rows cost about one row's step: the accuracy
+job's ``decode_batch``. Each row's tokens equal :func:`greedy_decode`'s up to the padded batch's
+numerics (equal in fp32 on the CPU; on a GPU a batched matmul may round differently).
+
 ``tests/test_decode.py`` checks the token ids against ``model.generate`` (tiny random Llama, Qwen2
 and Gemma 3 text models, prompts that end on EOS and prompts that run to ``max_new_tokens``; with
 stop strings on a small offline tokenizer, the ids and the cut text), one prefill forward inside
@@ -90,9 +98,11 @@ class Greedy:
     Attributes:
         tokens: the new token ids, 1-D int64 on the CPU (the EOS that ended decoding included).
         prefill_ms: the prefill forward and its argmax, between two ``sync()`` calls.
-        decode_ms: the decode loop after it (its forwards, argmaxes and stop checks).
+        decode_ms: the decode loop after it (its forwards, argmaxes and stop checks); in a
+            batch (:func:`greedy_decode_batch`) the row's share of the batch's decode time.
         decode_steps: decode forwards (one token each): ``len(tokens) - 1``.
         stopped: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"``.
+        batch: the rows decoded together (:func:`greedy_decode_batch`); 1 alone.
     """
 
     tokens: torch.Tensor
@@ -100,6 +110,7 @@ class Greedy:
     decode_ms: float
     decode_steps: int
     stopped: str
+    batch: int = 1
 
     @property
     def total_ms(self) -> float:
@@ -180,6 +191,76 @@ def _no_sync() -> None:
     return None
 
 
+def _check_max_new(max_new_tokens) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ValueError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+
+@dataclass
+class Prefilled:
+    """One prompt after its prefill forward (:func:`prefill`), ready to decode alone or with
+    others (:func:`greedy_decode_batch`, which takes its cache: ``cache`` is None after it).
+
+    Attributes:
+        cache: the ``DynamicCache`` the prefill filled (batch 1).
+        next_ids: ``[1]`` the first new token (the prefill's argmax), on the model's device.
+        length: prompt tokens.
+        max_new_tokens: at most this many new tokens, the first included.
+        prefill_ms: the prefill forward and its argmax, between two ``sync()`` calls.
+    """
+
+    cache: object
+    next_ids: torch.Tensor
+    length: int
+    max_new_tokens: int
+    prefill_ms: float
+
+    @property
+    def first(self) -> int:
+        return int(self.next_ids[0])
+
+
+def prefill(
+    model, input_ids: torch.Tensor, max_new_tokens: int, *, sync: Callable[[], None] | None = None
+) -> Prefilled:
+    """The prefill forward of one prompt (see the module): ``[1, L]`` ids from an empty
+    ``DynamicCache``, all-ones attention mask, ``logits_to_keep=1``; its argmax is the first new
+    token."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must be [1, L] with L >= 1, got {tuple(input_ids.shape)}")
+    _check_max_new(max_new_tokens)
+    check_generation_config(model)
+    from transformers import DynamicCache
+
+    sync = sync or _no_sync
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    sync()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model(
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=True,
+            logits_to_keep=1, **{_cache_kw(model): cache},
+        )  # fmt: skip
+        nxt = out.logits[:, -1].float().argmax(dim=-1)
+        del out
+    sync()
+    ms = (time.perf_counter() - t0) * 1e3
+    return Prefilled(cache, nxt, int(input_ids.shape[1]), max_new_tokens, ms)
+
+
+def _stop_reason(tokens: list[int], eos: frozenset[int], stops, max_new_tokens: int) -> str | None:
+    """Why decoding ends after ``tokens`` (EOS, a stop string, the budget), or None."""
+    if tokens[-1] in eos:
+        return "eos"
+    if stops is not None and stops.hit(tokens):
+        return "stop_string"
+    if len(tokens) >= max_new_tokens:
+        return "max_new_tokens"
+    return None
+
+
 def greedy_decode(
     model, input_ids: torch.Tensor, max_new_tokens: int, *, tokenizer=None,
     stop: Iterable[str] = (), sync: Callable[[], None] | None = None,
@@ -198,13 +279,8 @@ def greedy_decode(
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must be [1, L] with L >= 1, got {tuple(input_ids.shape)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise ValueError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    _check_max_new(max_new_tokens)
     check_generation_config(model)
-    from transformers import DynamicCache
-
     sync = sync or _no_sync
     stop = list(stop)
     stops = _StopStrings(tokenizer, stop) if stop else None
@@ -213,30 +289,13 @@ def greedy_decode(
     length = input_ids.shape[1]
 
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+        p = prefill(model, input_ids, max_new_tokens, sync=sync)
+        cache, nxt = p.cache, p.next_ids
         positions = torch.arange(length, length + max_new_tokens, device=input_ids.device)[None]
-        sync()
-        t0 = time.perf_counter()
-        out = model(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=True,
-            logits_to_keep=1, **{kw: cache},
-        )  # fmt: skip
-        nxt = out.logits[:, -1].float().argmax(dim=-1)
-        del out
         tokens = [int(nxt)]
-        sync()
         t1 = time.perf_counter()
         steps = 0
-        while True:
-            if tokens[-1] in eos:
-                stopped = "eos"
-                break
-            if stops is not None and stops.hit(tokens):
-                stopped = "stop_string"
-                break
-            if len(tokens) >= max_new_tokens:
-                stopped = "max_new_tokens"
-                break
+        while (stopped := _stop_reason(tokens, eos, stops, max_new_tokens)) is None:
             out = model(
                 input_ids=nxt[:, None], position_ids=positions[:, steps : steps + 1],
                 use_cache=True, logits_to_keep=1, **{kw: cache},
@@ -248,6 +307,146 @@ def greedy_decode(
         sync()
         t2 = time.perf_counter()
     return Greedy(
-        tokens=torch.tensor(tokens, dtype=torch.long), prefill_ms=(t1 - t0) * 1e3,
+        tokens=torch.tensor(tokens, dtype=torch.long), prefill_ms=p.prefill_ms,
         decode_ms=(t2 - t1) * 1e3, decode_steps=steps, stopped=stopped,
     )  # fmt: skip
+
+
+def _merge(items: Sequence[Prefilled], model):
+    """One ``DynamicCache`` for the batch of ``items``' caches, left-padded to the longest prompt
+    (the cache a batched prefill of the left-padded prompts would hold, pads as zero keys and
+    values), with the ``[B, longest + budget]`` padding mask (1 = a real token) and each row's
+    prompt length. Each item's own cache is released (``cache = None``) once it is copied."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    lmax = max(p.length for p in items)
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    sources = [p.cache.layers for p in items]
+    if any(len(s) != len(sources[0]) for s in sources) or len(cache.layers) != len(sources[0]):
+        raise ValueError("greedy_decode_batch: the prompts' caches have different layer counts")
+    for li in range(len(sources[0])):
+        layers = [s[li] for s in sources]
+        kind = type(layers[0])
+        if kind not in (DynamicLayer, DynamicSlidingWindowLayer) or any(
+            type(layer) is not kind for layer in layers
+        ) or type(cache.layers[li]) is not kind:  # fmt: skip
+            raise NotImplementedError(
+                f"greedy_decode_batch: layer {li} caches with {kind.__name__}; only DynamicLayer "
+                "and DynamicSlidingWindowLayer caches are merged into a batch"
+            )
+        keys = [layer.keys for layer in layers]
+        vals = [layer.values for layer in layers]
+        for p, k in zip(items, keys):
+            n = k.shape[-2]
+            if k.shape[0] != 1 or n > p.length or (kind is DynamicLayer and n != p.length):
+                raise ValueError(
+                    f"greedy_decode_batch: layer {li} holds {n} positions of a {p.length}-token "
+                    "prompt: not a fresh prefill's cache"
+                )
+        m = max(k.shape[-2] for k in keys)  # full layers: lmax; sliding: at most the window
+        shape = (len(items), keys[0].shape[1], m, keys[0].shape[-1])
+        k_all, v_all = keys[0].new_zeros(shape), vals[0].new_zeros(shape)
+        for r, (k, v) in enumerate(zip(keys, vals)):  # each row's positions end at lmax
+            n = k.shape[-2]
+            k_all[r, :, m - n :] = k[0]
+            v_all[r, :, m - n :] = v[0]
+        if lmax > m:  # a sliding layer: the positions before its window count, as zeros
+            z = k_all.new_zeros((*shape[:2], lmax - m, shape[-1]))
+            cache.update(z, z, li)
+            del z
+        cache.update(k_all, v_all, li)
+    for p in items:
+        p.cache = None
+    budget = max(p.max_new_tokens for p in items)
+    mask = torch.zeros(len(items), lmax + budget, dtype=torch.long, device=items[0].next_ids.device)
+    for r, p in enumerate(items):
+        mask[r, lmax - p.length :] = 1
+    lengths = torch.tensor([p.length for p in items], device=mask.device)
+    return cache, mask, lmax, lengths
+
+
+def greedy_decode_batch(
+    model, items: Sequence[Prefilled], *, tokenizer=None, stop: Iterable[str] = (),
+    sync: Callable[[], None] | None = None,
+) -> list[Greedy]:  # fmt: skip
+    """Greedy decoding of several prefilled prompts (:func:`prefill`, one at a time, so that each
+    prefill stays unpadded batch 1, as the sparse methods need) in one batch of decode forwards:
+    the caches merged left-padded (:func:`_merge`), one forward per step for the rows still
+    decoding, each row with its own positions and padding mask, its own EOS / stop-string /
+    ``max_new_tokens`` stop (the rules of :func:`greedy_decode`); a row that stops leaves the batch.
+    The host's work per step (the forward's Python, the argmax's copy, the stop checks) is paid
+    once per step for all rows: what a small model's decode is bound by.
+
+    Each row's tokens are those :func:`greedy_decode` gives on the same prompt up to the
+    numerics of a padded batch (pad keys masked; a batched matmul may round differently on a
+    GPU): ``tests/test_decode.py`` checks equality on the CPU in fp32.
+
+    Returns one :class:`Greedy` per item, in order: ``prefill_ms`` the item's own; ``decode_ms``
+    its share of the batch's decode wall time (each step's time split evenly over the rows in
+    it, the merge counted in the first step), so the shares sum to the batch's time; ``batch``
+    the rows that entered the batched decode (items that stop at their first token never do).
+    """
+    items = list(items)
+    if not items:
+        raise ValueError("greedy_decode_batch: no prompts")
+    if any(not isinstance(p, Prefilled) or p.cache is None for p in items):
+        raise ValueError("greedy_decode_batch takes fresh prefill() results (each used once)")
+    check_generation_config(model)
+    sync = sync or _no_sync
+    stop = list(stop)
+    stops = _StopStrings(tokenizer, stop) if stop else None
+    eos = eos_ids(model, tokenizer)
+    kw = _cache_kw(model)
+    tokens = [[p.first] for p in items]
+    why = [_stop_reason(t, eos, stops, p.max_new_tokens) for t, p in zip(tokens, items)]
+    share, steps = [0.0] * len(items), [0] * len(items)
+    active = [i for i, w in enumerate(why) if w is None]
+    for i, w in enumerate(why):
+        if w is not None:
+            items[i].cache = None
+    batch = len(active)
+    with torch.inference_mode():
+        if active:
+            sync()
+            t = time.perf_counter()
+            cache, mask, lmax, lengths = _merge([items[i] for i in active], model)
+            nxt = torch.cat([items[i].next_ids for i in active])
+            step = 0
+            while active:
+                out = model(
+                    input_ids=nxt[:, None], attention_mask=mask[:, : lmax + step + 1],
+                    position_ids=(lengths + step)[:, None], use_cache=True, logits_to_keep=1,
+                    **{kw: cache},
+                )  # fmt: skip
+                nxt = out.logits[:, -1].float().argmax(dim=-1)
+                del out
+                new = nxt.tolist()
+                sync()
+                now = time.perf_counter()
+                for r, i in enumerate(active):
+                    share[i] += (now - t) * 1e3 / len(active)
+                    tokens[i].append(new[r])
+                    steps[i] += 1
+                    why[i] = _stop_reason(tokens[i], eos, stops, items[i].max_new_tokens)
+                t, step = now, step + 1
+                keep = [r for r, i in enumerate(active) if why[i] is None]
+                if len(keep) < len(active):
+                    active = [active[r] for r in keep]
+                    if not active:
+                        break
+                    idx = torch.tensor(keep, device=nxt.device)
+                    cache.batch_select_indices(idx)
+                    mask, lengths, nxt = mask[idx], lengths[idx], nxt[idx]
+            del cache
+    return [
+        Greedy(
+            tokens=torch.tensor(tok, dtype=torch.long),
+            prefill_ms=p.prefill_ms,
+            decode_ms=share[i],
+            decode_steps=steps[i],
+            stopped=why[i],
+            batch=batch if steps[i] else 1,
+        )  # fmt: skip
+        for i, (tok, p) in enumerate(zip(tokens, items))
+    ]

@@ -280,3 +280,103 @@ def test_generate_one_keeps_its_record_and_adds_loop_fields():
     assert rec["decode_steps"] == rec["new_tokens"] - 1 and "\n" not in rec["prediction"]
     assert rec["decode_ms"] == pytest.approx(rec["loop_ms"] - rec["prefill_ms"])
     assert 0 < rec["density"] < 1
+
+
+# ---------------------------------------------------------------- several prompts at once
+
+
+def _one_at_a_time(model, prompts, budgets, **kw):
+    return [greedy_decode(model, ids, n, **kw) for ids, n in zip(prompts, budgets)]
+
+
+def _batch(model, prompts, budgets, **kw):
+    from experiments.decode import greedy_decode_batch, prefill
+
+    items = [prefill(model, ids, n) for ids, n in zip(prompts, budgets)]
+    return greedy_decode_batch(model, items, **kw)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_batch_decode_gives_each_prompt_the_tokens_it_gets_alone(arch):
+    """Prompts of 5-40 tokens (Gemma 3: shorter and longer than its sliding window of 16), each
+    with its own budget, one of them ending on EOS early: the same tokens, stops and steps as
+    greedy_decode one prompt at a time; rows leave the batch as they stop."""
+    model = _tiny(arch)
+    prompts = [_prompt(n) for n in (*LENGTHS, 17, 3)]
+    budgets = [N, 7, N, 3, 9, 1]  # the last stops at its first token
+    free = _one_at_a_time(model, prompts, budgets)
+    # an EOS that the 40-token prompt emits at step 2 and the others never before their budget
+    eos = free[3].tokens.tolist()[2]
+    model.generation_config.eos_token_id = eos
+    ref = _one_at_a_time(model, prompts, budgets)
+    got = _batch(model, prompts, budgets)
+    assert [g.tokens.tolist() for g in got] == [r.tokens.tolist() for r in ref]
+    assert [g.stopped for g in got] == [r.stopped for r in ref]
+    assert [g.decode_steps for g in got] == [r.decode_steps for r in ref]
+    assert {r.stopped for r in ref} >= {"eos", "max_new_tokens"}, "the test tests one stop only"
+    rows = sum(r.decode_steps > 0 for r in ref)  # those that stop at their first token never
+    assert rows >= 4 and [g.batch for g in got] == [rows if r.decode_steps else 1 for r in ref]
+    assert got[-1].decode_steps == 0 and got[-1].decode_ms == 0
+    assert all(g.prefill_ms > 0 for g in got) and sum(g.decode_ms for g in got) > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_batch_decode_stops_on_stop_strings_as_alone(arch):
+    model, tok = _tiny(arch), _tokenizer()
+    model.generation_config.eos_token_id = tok.eos_token_id
+    prompts = [_prompt(n) for n in LENGTHS]
+    stopped_by_string = 0
+    for stop in (["\n"], ["a", "."], ["b"]):
+        ref = _one_at_a_time(model, prompts, [24] * 4, tokenizer=tok, stop=stop)
+        got = _batch(model, prompts, [24] * 4, tokenizer=tok, stop=stop)
+        assert [g.tokens.tolist() for g in got] == [r.tokens.tolist() for r in ref], stop
+        assert [g.stopped for g in got] == [r.stopped for r in ref], stop
+        stopped_by_string += sum(g.stopped == "stop_string" for g in got)
+    assert stopped_by_string >= 4, "the stop strings never ended decoding: the test tests nothing"
+
+
+def test_batch_decode_inside_sparse_prefill_and_its_forwards():
+    """Each prompt's prefill runs sparse through the plug-in (batch 1, unpadded); the batched
+    decode forwards go dense with the padding mask, one per step for the rows still decoding."""
+    from experiments.decode import greedy_decode_batch, prefill
+
+    model = _tiny("llama")
+    prompts = [_prompt(n) for n in (192, 130, 160)]
+    knobs = dict(segment_len=64, tau=0.3, block_m=16, block_n=16, impl="reference")
+    with sparse_prefill(model, "s2o", **knobs) as run:
+        ref = _one_at_a_time(model, prompts, [6, 3, 6])
+        run.reset()
+        items = []
+        for ids, n in zip(prompts, [6, 3, 6]):
+            items.append(prefill(model, ids, n))
+            assert len(run.prefills) == len(items) and 0 < run.stats.density < 1
+        seen = []
+        hook = model.register_forward_pre_hook(
+            lambda m, a, k: seen.append(tuple(k["input_ids"].shape)), with_kwargs=True
+        )
+        try:
+            got = greedy_decode_batch(model, items)
+        finally:
+            hook.remove()
+        assert len(run.prefills) == 3  # the decode forwards are not prefills
+    assert [g.tokens.tolist() for g in got] == [r.tokens.tolist() for r in ref]
+    assert seen == [(3, 1)] * 2 + [(2, 1)] * 3  # the 3-token budget leaves after 2 steps
+    assert all(p.cache is None for p in items)  # merged, then released
+
+
+def test_batch_decode_refusals():
+    from experiments.decode import greedy_decode_batch, prefill
+
+    model = _tiny("llama")
+    with pytest.raises(ValueError, match="no prompts"):
+        greedy_decode_batch(model, [])
+    items = [prefill(model, _prompt(n), 4) for n in (5, 9)]
+    greedy_decode_batch(model, items)
+    with pytest.raises(ValueError, match="fresh prefill"):
+        greedy_decode_batch(model, items)  # each used once: the caches went into the batch
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        prefill(model, _prompt(5), 0)
+    items = [prefill(model, _prompt(n), 4) for n in (5, 9)]
+    items[1].cache.layers[0].keys = items[1].cache.layers[0].keys[..., :4, :]
+    with pytest.raises(ValueError, match="layer 0 holds 4 positions of a 9-token prompt"):
+        greedy_decode_batch(model, items)
