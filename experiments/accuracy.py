@@ -73,6 +73,9 @@ def check_job(resolved: dict, config=None) -> None:
         raise ConfigError(f"kind=accuracy needs benchmark={' | '.join(tasks.names())}")
     if not resolved.get("model"):
         raise ConfigError("kind=accuracy needs a model: model=smollm2_135m | gemma3_270m | ...")
+    batch = resolved.get("decode_batch", 1)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"decode_batch: {batch!r} is not a positive int (prompts decoded at once)")
     task = task_of(bench)
     with _config_errors():
         task.check(bench)
@@ -266,6 +269,30 @@ def timing(load_s: float | None, reused: bool | None, build_s: float, wall_s: fl
 # ---------------------------------------------------------------- generation
 
 
+def _prompt_ids(tokenizer, model, prompt: str, add_special: bool) -> torch.Tensor:
+    ids = tokenizer(prompt, add_special_tokens=add_special, return_tensors="pt")
+    return ids["input_ids"].to(next(model.parameters()).device)
+
+
+def _fields(tokenizer, stats: dict, prompt_tokens: int, out, stop: list[str]) -> dict:
+    """A sample's generation fields from its decode (:class:`experiments.decode.Greedy`) and its
+    prefill's stats (``run.stats.summary()``)."""
+    new = out.tokens
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    for s in stop:  # decoding stops after the stop string; the answer ends before it
+        text = text.split(s, 1)[0]
+    prefill_ms = stats["total_ms"]
+    return {
+        "prompt_tokens": prompt_tokens, "new_tokens": int(new.numel()), "prediction": text,
+        "density": stats["density"], "density_per_layer": stats["density_per_layer"],
+        "prefill_ms": prefill_ms,
+        "decode_ms": None if prefill_ms is None else out.total_ms - prefill_ms,
+        "estimate_ms": stats["estimate_ms"], "decode_steps": out.decode_steps,
+        "loop_ms": out.total_ms,
+        **{k: stats[k] for k in ("mse", "rel_mse", "error_per_layer") if k in stats},
+    }  # fmt: skip
+
+
 def generate_one(model, tokenizer, run, sample: dict, add_special: bool, stop: list[str],
                  sync) -> dict:  # fmt: skip
     """Prefill (the method, through ``run``) + greedy dense decode of one sample
@@ -274,28 +301,52 @@ def generate_one(model, tokenizer, run, sample: dict, add_special: bool, stop: l
     plug-in's prefill forward; ``decode_steps``: decode forwards (new tokens - 1)."""
     from .decode import greedy_decode
 
-    ids = tokenizer(sample["prompt"], add_special_tokens=add_special, return_tensors="pt")
-    ids = ids["input_ids"].to(next(model.parameters()).device)
+    ids = _prompt_ids(tokenizer, model, sample["prompt"], add_special)
     run.reset()
     out = greedy_decode(
         model, ids, sample["max_new_tokens"], tokenizer=tokenizer, stop=stop, sync=sync
     )
-    total_ms = out.total_ms
-    new = out.tokens
-    text = tokenizer.decode(new, skip_special_tokens=True)
-    for s in stop:  # decoding stops after the stop string; the answer ends before it
-        text = text.split(s, 1)[0]
-    stats = run.stats.summary()
-    prefill_ms = stats["total_ms"]
-    return {
-        "prompt_tokens": int(ids.shape[1]), "new_tokens": int(new.numel()), "prediction": text,
-        "density": stats["density"], "density_per_layer": stats["density_per_layer"],
-        "prefill_ms": prefill_ms,
-        "decode_ms": None if prefill_ms is None else total_ms - prefill_ms,
-        "estimate_ms": stats["estimate_ms"], "decode_steps": out.decode_steps,
-        "loop_ms": total_ms,
-        **{k: stats[k] for k in ("mse", "rel_mse", "error_per_layer") if k in stats},
-    }  # fmt: skip
+    return _fields(tokenizer, run.stats.summary(), int(ids.shape[1]), out, stop)
+
+
+def generate_batch(model, tokenizer, run, samples: list[dict], add_special: bool,
+                   stop: list[str], sync, probe=None) -> list[tuple[dict, float]]:  # fmt: skip
+    """:func:`generate_one` for several samples at once: each prefilled alone through ``run``
+    (its stats and evidence taken right after its prefill), then decoded together
+    (:func:`experiments.decode.greedy_decode_batch`). Returns each sample's fields (with
+    ``decode_batch``: the rows decoded together; its ``decode_ms`` its share of the batch's
+    decode) and its own seconds: its tokenization, evidence, prefill and fields plus its decode
+    share, and an even share of the rest of the call (so that the samples' seconds sum to the
+    call's)."""
+    from .decode import greedy_decode_batch, prefill
+
+    pending, t0 = [], time.perf_counter()
+    for s in samples:
+        t = time.perf_counter()
+        if probe is not None:
+            probe.start(sample_evidence(tokenizer, s, add_special))
+        ids = _prompt_ids(tokenizer, model, s["prompt"], add_special)
+        run.reset()
+        p = prefill(model, ids, s["max_new_tokens"], sync=sync)
+        stats = run.stats.summary()
+        evidence = ()  # none asked for; None: the sample names no evidence
+        if probe is not None:
+            evidence = probe.summary()
+            probe.start(None)
+        pending.append((p, stats, int(ids.shape[1]), evidence, time.perf_counter() - t))
+    outs = greedy_decode_batch(
+        model, [x[0] for x in pending], tokenizer=tokenizer, stop=stop, sync=sync
+    )
+    done = []
+    for (_, stats, n, evidence, own_s), out in zip(pending, outs):
+        t = time.perf_counter()
+        gen = _fields(tokenizer, stats, n, out, stop)
+        gen["decode_batch"] = out.batch
+        if evidence != ():
+            gen["evidence"] = evidence
+        done.append((gen, own_s + out.decode_ms / 1e3 + time.perf_counter() - t))
+    rest = (time.perf_counter() - t0 - sum(x[1] for x in done)) / len(done)  # the batch's own
+    return [(gen, own + rest) for gen, own in done]
 
 
 def sample_evidence(tokenizer, sample: dict, add_special: bool):
@@ -381,6 +432,7 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
               f"{len(todo)} to run", file=sys.stderr, flush=True)  # fmt: skip
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     method, knobs = resolved["method_name"], dict(resolved["method"])
+    batch = int(resolved.get("decode_batch", 1))
     stop = stop_strings(bench.get("stop"))
     label = f"{bench['name']} {method} {samples_file.parent.name}"
     bar = Progress(label, len(samples), len(samples) - len(todo), bool(resolved["progress"]))
@@ -398,33 +450,45 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
             torch.inference_mode(),
             sparse_prefill(model, method, measure_error=measure, observe=probe, **knobs) as run,
         ):
-            for i, s in enumerate(todo):
-                start = time.perf_counter()
-                if probe is not None:
-                    probe.start(sample_evidence(tokenizer, s, fmt.add_special_tokens))
-                t = _lap(parts, "evidence_probe", start)
-                gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop, sync)
-                t = _lap(parts, "generate_one", t)
-                if probe is not None:
-                    gen["evidence"] = probe.summary()
-                    probe.start(None)
-                t = _lap(parts, "evidence_probe", t)
-                gen = task.second_turn(s, gen, ask)
-                t = _lap(parts, "generate_one", t)
-                value, extra = task.score(s, gen["prediction"])
-                _lap(parts, "score", t)
-                line = {"id": s["id"], "task": s["task"], "length": s["length"], **gen,
-                        "gold": s["gold"], "score": value, **extra}  # fmt: skip
-                line["sample_ms"] = 1e3 * (time.perf_counter() - start)
-                append_line(samples_file, line)
-                done[s["id"]] = line
-                ran.append(line)
-                bar.step()
-                rate = (i + 1) / max(time.perf_counter() - t0, 1e-9)
-                total += value
-                if logger is not None:
-                    logger.log({"score": value, "running_accuracy": 100 * total / (i + 1),
-                                "density": gen["density"], "samples_per_s": rate}, i)  # fmt: skip
+            for chunk in (todo[i : i + batch] for i in range(0, len(todo), batch)):
+                if batch == 1:  # one sample: prefill, decode
+                    s = chunk[0]
+                    start = time.perf_counter()
+                    if probe is not None:
+                        probe.start(sample_evidence(tokenizer, s, fmt.add_special_tokens))
+                    t = _lap(parts, "evidence_probe", start)
+                    gen = generate_one(model, tokenizer, run, s, fmt.add_special_tokens, stop,
+                                       sync)  # fmt: skip
+                    t = _lap(parts, "generate_one", t)
+                    if probe is not None:
+                        gen["evidence"] = probe.summary()
+                        probe.start(None)
+                    _lap(parts, "evidence_probe", t)
+                    gens = [(gen, time.perf_counter() - start)]
+                else:  # each sample's prefill alone, their decodes together
+                    t = time.perf_counter()
+                    gens = generate_batch(model, tokenizer, run, chunk, fmt.add_special_tokens,
+                                          stop, sync, probe)  # fmt: skip
+                    _lap(parts, "generate_one", t)
+                for s, (gen, pre_s) in zip(chunk, gens):
+                    t = start = time.perf_counter()
+                    gen = task.second_turn(s, gen, ask)
+                    t = _lap(parts, "generate_one", t)
+                    value, extra = task.score(s, gen["prediction"])
+                    _lap(parts, "score", t)
+                    line = {"id": s["id"], "task": s["task"], "length": s["length"], **gen,
+                            "gold": s["gold"], "score": value, **extra}  # fmt: skip
+                    line["sample_ms"] = 1e3 * (pre_s + time.perf_counter() - start)
+                    append_line(samples_file, line)
+                    done[s["id"]] = line
+                    ran.append(line)
+                    bar.step()
+                    rate = len(ran) / max(time.perf_counter() - t0, 1e-9)
+                    total += value
+                    if logger is not None:
+                        logger.log({"score": value, "running_accuracy": 100 * total / len(ran),
+                                    "density": gen["density"], "samples_per_s": rate},
+                                   len(ran) - 1)  # fmt: skip
     except KeyboardInterrupt:
         bar.close()
         saved = read_done(samples_file)

@@ -54,6 +54,9 @@ NOT_IDENTITY = (
 # (a kind with its own folder in PATHS) is identified by its method knobs, so they stay out of it;
 # a sweep's or a matched study's keeps them (its own block may read them).
 SHORTCUTS = ("tau", "S")
+# Keys added after records existed, with the value every earlier run had: in a run's identity only
+# when set to another value, so that the ids of earlier runs (and of runs at that value) stay.
+NEUTRAL_DEFAULTS = {"decode_batch": 1}
 KIND_DIR = Path(__file__).resolve().parents[1] / "conf" / "kind"
 
 
@@ -194,7 +197,8 @@ def config_id(resolved: dict, drop: tuple[str, ...], device_name: str | None = N
     A sweep's or a matched study's config hashes both their blocks, the other kind's as null:
     their ids were made when every config held every kind's block (the ids stay the same).
     """
-    kept = {k: v for k, v in resolved.items() if k not in drop}
+    kept = {k: v for k, v in resolved.items()
+            if k not in drop and not (k in NEUTRAL_DEFAULTS and v == NEUTRAL_DEFAULTS[k])}  # fmt: skip
     if resolved.get("kind") in _experiment_kinds():
         for block in (b for k in _experiment_kinds() for b in kind_blocks()[k]):
             kept.setdefault(block, None)

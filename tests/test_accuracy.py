@@ -488,3 +488,66 @@ def test_a_missing_generator_package_is_refused_before_loading(tmp_path, monkeyp
         accuracy.evaluate(res, tmp_path / "s.jsonl")
     assert ruler.missing_packages(["vt"]) == {}
     assert ruler.missing_packages(["cwe"], {"cwe_words": "w.txt"}) == {}
+
+
+def test_decode_batch_gives_the_lines_of_one_at_a_time(tmp_path, model_and_tokenizer, monkeypatch):
+    """decode_batch=3: each sample prefilled alone (its density, evidence), the decodes together;
+    the same predictions, tokens and densities as one at a time; each line says its batch; the
+    samples' times sum to the job's; a cut line resumes alone."""
+    model, tok = model_and_tokenizer
+    one, three = _resolved(tmp_path, "s2o", 2), _resolved(tmp_path, "s2o", 2)
+    for res in (one, three):
+        res["benchmark"]["evidence"] = True
+    three["decode_batch"] = 3
+    a = accuracy.evaluate(one, tmp_path / "one.jsonl", model, tok)
+    b = accuracy.evaluate(three, tmp_path / "three.jsonl", model, tok)
+    la, lb = _lines(tmp_path / "one.jsonl"), _lines(tmp_path / "three.jsonl")
+    keys = ("id", "prediction", "new_tokens", "decode_steps", "prompt_tokens", "density",
+            "density_per_layer", "score")  # fmt: skip
+    assert [[r[k] for k in keys] for r in lb] == [[r[k] for k in keys] for r in la]
+    assert [r["evidence"] and r["evidence"]["evidence_recall"] for r in lb] == [
+        r["evidence"] and r["evidence"]["evidence_recall"] for r in la]  # fmt: skip
+    assert "decode_batch" not in la[0]
+    assert [r["decode_batch"] for r in lb] == [3, 3, 3, 1] or all(
+        r["decode_steps"] == 0 for r in lb[:3]
+    )  # four samples: a batch of three (rows that stop at their first token never enter), one
+    assert any(r["decode_steps"] > 0 for r in lb), "no sample decoded past its first token"
+    assert a["cells"][0]["n"] == b["cells"][0]["n"] == 2
+    t = b["timing"]
+    for r in lb:
+        assert r["loop_ms"] == pytest.approx(r["prefill_ms"] + r["decode_ms"])
+        assert 0 < r["loop_ms"] <= r["sample_ms"]
+    assert t["generate_one_s_sum"] + t["score_s_sum"] == pytest.approx(t["sample_s_sum"], rel=0.02)
+    assert t["sample_s_sum"] <= t["samples_wall_s"]
+
+    out = tmp_path / "three.jsonl"  # a kill cut the last line: that sample alone runs again
+    text = out.read_text()
+    out.write_text(text[: len(text) - 20])
+    calls = []
+    real = accuracy.generate_batch
+    monkeypatch.setattr(accuracy, "generate_batch",
+                        lambda m, t, r, chunk, *x, **k: calls.append(len(chunk)) or real(
+                            m, t, r, chunk, *x, **k))  # fmt: skip
+    again = accuracy.evaluate(three, out, model, tok)
+    assert calls == [1] and again["resumed"] == 3
+    assert [r["prediction"] for r in _lines(out)] == [r["prediction"] for r in la]
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "2", 1.5])
+def test_a_bad_decode_batch_is_refused_before_loading(tmp_path, bad):
+    from experiments.common import ConfigError
+
+    res = _resolved(tmp_path, "full", 1)
+    res["decode_batch"] = bad
+    with pytest.raises(ConfigError, match=rf"decode_batch: {bad!r} is not a positive int"):
+        accuracy.check_job(res)
+
+
+def test_decode_batch_enters_the_run_identity_only_when_not_one():
+    from experiments.records import config_id, drop_for
+
+    base = {"kind": "accuracy", "device": "cpu", "benchmark": {"name": "ruler"}, "x": 1}
+    drop = drop_for("accuracy")
+    assert config_id(dict(base, decode_batch=1), drop) == config_id(base, drop)
+    assert config_id(dict(base, decode_batch=4), drop) != config_id(base, drop)
+    assert "decode_batch" in drop_for("operator")  # another kind's key: never in its identity
