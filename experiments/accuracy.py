@@ -75,7 +75,9 @@ def check_job(resolved: dict, config=None) -> None:
         raise ConfigError("kind=accuracy needs a model: model=smollm2_135m | gemma3_270m | ...")
     batch = resolved.get("decode_batch", 1)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ConfigError(f"decode_batch: {batch!r} is not a positive int (prompts decoded at once)")
+        raise ConfigError(
+            f"decode_batch: {batch!r} is not a positive int (prompts decoded at once)"
+        )
     task = task_of(bench)
     with _config_errors():
         task.check(bench)

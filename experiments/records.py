@@ -197,8 +197,8 @@ def config_id(resolved: dict, drop: tuple[str, ...], device_name: str | None = N
     A sweep's or a matched study's config hashes both their blocks, the other kind's as null:
     their ids were made when every config held every kind's block (the ids stay the same).
     """
-    kept = {k: v for k, v in resolved.items()
-            if k not in drop and not (k in NEUTRAL_DEFAULTS and v == NEUTRAL_DEFAULTS[k])}  # fmt: skip
+    neutral = {k for k, v in NEUTRAL_DEFAULTS.items() if resolved.get(k, v) == v}
+    kept = {k: v for k, v in resolved.items() if k not in drop and k not in neutral}
     if resolved.get("kind") in _experiment_kinds():
         for block in (b for k in _experiment_kinds() for b in kind_blocks()[k]):
             kept.setdefault(block, None)
