@@ -21,7 +21,10 @@ What a record holds, and so what the page can say:
 
 ``prefill_ms`` is the plug-in's whole prefill forward (embeddings to logits; with
 ``benchmark.evidence=true`` the evidence probe inside it too) and ``decode_ms`` is ``loop_ms`` less
-it (the decode forwards, the greedy picks and stop checks), so prefill + decode = loop.
+it (the decode forwards, the greedy picks and stop checks), so prefill + decode = loop. A job
+with ``decode_batch`` > 1 decodes its samples together: each line's ``decode_ms`` is its share of
+the batch's decode (the column "decode batch", shown when a job batched: the mean rows per
+batch, 1 one at a time).
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ def cell_frame(recs: list[dict]) -> pd.DataFrame:
             rows.append({
                 "model": rec["config"]["model"]["name"], "method": label(rec), "task": task,
                 "length": length, "n": n, "evidence probe": _probe(rec),
+                "decode batch": sum(r.get("decode_batch", 1) for r in ls) / n,
                 "GPU": "shared: " + ", ".join(s) if (s := sharing(rec["environment"])) else "alone",
                 "sample ms": _sum(ls, "sample_ms") / n, "loop ms": _sum(ls, "loop_ms") / n,
                 "prefill ms": sum(r.get("prefill_ms") or 0 for r in ls) / n,
@@ -131,7 +135,10 @@ def cell_frame(recs: list[dict]) -> pd.DataFrame:
                 "worst sample": max(r["sample_ms"] / _work_ms(r) for r in ls),
                 f"target <= {TARGET}x": _verdict(ratio),
             })  # fmt: skip
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if not frame.empty and (frame["decode batch"] == 1).all():  # shown where a job batched
+        frame = frame.drop(columns="decode batch")
+    return frame
 
 
 def job_frame(recs: list[dict]) -> pd.DataFrame:

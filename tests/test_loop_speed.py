@@ -220,3 +220,14 @@ def test_a_load_after_the_first_is_checked_against_its_target(tmp_path):
     assert out[0].endswith("took 14.0 s; target under 15 s: met.")
     assert out[1].endswith("took 46.0 s; target under 15 s: missed by 3.1x.")
     assert "### Model load after the first" in loop_speed.document(recs)
+
+
+def test_decode_batch_column_only_where_a_job_batched(tmp_path):
+    one = [_line(i, 500, 300, 1000) for i in range(2)]
+    batched = [{**_line(i, 500, 40, 600), "decode_batch": b} for i, b in enumerate((8, 8, 1))]
+    r1 = loop_speed.load(_write(tmp_path, "aaa", "full", one, 5.0, 0))
+    r8 = loop_speed.load(_write(tmp_path, "bbb", "full", batched, 5.0, 10))
+    assert "decode batch" not in loop_speed.cell_frame([r1]).columns
+    cf = loop_speed.cell_frame([r1, r8]).set_index("method")
+    assert cf.loc["full `aaa`", "decode batch"] == 1
+    assert cf.loc["full `bbb`", "decode batch"] == pytest.approx(17 / 3)
