@@ -186,6 +186,45 @@ def load_lines(recs: list[dict]) -> list[str]:
     return out
 
 
+def _batched(rec: dict) -> bool:
+    return any(r.get("decode_batch", 1) > 1 for r in rec["_lines"])
+
+
+def _twin_key(rec: dict) -> tuple[str, str | None]:
+    """A record's config identity with ``decode_batch`` at 1, and its weights."""
+    from experiments.records import config_id, drop_for
+
+    cfg = dict(rec["config"], decode_batch=1)
+    env = rec["environment"]
+    return config_id(cfg, drop_for("accuracy"), env.get("device_name")), (
+        rec.get("identity") or {}
+    ).get("model")
+
+
+def batch_agreement(recs: list[dict]) -> list[str]:
+    """One generated line per record that decoded in batches (``decode_batch`` > 1) and has a
+    twin among ``recs`` decoded one at a time: on how many of their common samples the
+    prediction and the score are the same."""
+    out = []
+    for rec in (r for r in recs if _batched(r)):
+        key = _twin_key(rec)
+        for twin in (t for t in recs if not _batched(t) and _twin_key(t) == key):
+            mine = {r["id"]: r for r in rec["_lines"]}
+            common = [(mine[r["id"]], r) for r in twin["_lines"] if r["id"] in mine]
+            if not common:
+                continue
+            pred = sum(a["prediction"] == b["prediction"] for a, b in common)
+            score = sum(a["score"] == b["score"] for a, b in common)
+            size = sum(r.get("decode_batch", 1) for r in rec["_lines"]) / len(rec["_lines"])
+            out.append(
+                f"- {label(rec)} (decode_batch {rec['config'].get('decode_batch')}, "
+                f"{size:.1f} rows a batch on the mean) against {label(twin)} (one at a time): "
+                f"the same prediction on {pred} of {len(common)} common samples, the same score "
+                f"on {score}."
+            )
+    return out
+
+
 def _start(rec: dict) -> dt.datetime:
     return dt.datetime.fromisoformat(rec["environment"]["time"])
 
@@ -290,6 +329,12 @@ def document(recs: list[dict], pre_loop: int = 0) -> str:
         loads = load_lines(measured)
         if loads:
             parts += ["### Model load after the first", "", *loads, ""]
+        same = batch_agreement(measured)
+        if same:
+            parts += ["### Batched decoding against one at a time", "", *same, "",
+                      "A twin: the same config but `decode_batch` and the same weights. Greedy "
+                      "tokens agree up to the numerics of a padded batch; on the CPU in fp32 they "
+                      "are equal (tests/test_decode.py).", ""]  # fmt: skip
     else:
         parts += ["No record read here has `sample_ms` (all were made before the field existed): "
                   "the target is not checked from a measured per-sample time. Produced by: "

@@ -231,3 +231,24 @@ def test_decode_batch_column_only_where_a_job_batched(tmp_path):
     cf = loop_speed.cell_frame([r1, r8]).set_index("method")
     assert cf.loc["full `aaa`", "decode batch"] == 1
     assert cf.loc["full `bbb`", "decode batch"] == pytest.approx(17 / 3)
+
+
+def test_a_batched_job_is_compared_with_its_twin_one_at_a_time(tmp_path):
+    """The page says on how many common samples a decode_batch job and its twin (the same config
+    but decode_batch, the same weights) predict and score the same; a job of another config is
+    no twin."""
+    one = [dict(_line(i, 500, 300, 1000), prediction=f"p{i}") for i in range(4)]
+    batched = [dict(x, decode_batch=4) for x in one]
+    batched[2] = dict(batched[2], prediction="other", score=0.0)
+    jobs = (("aaa", one), ("bbb", batched), ("ccc", one))
+    paths = [_write(tmp_path, rid, "full", x, 5.0, 10 * k) for k, (rid, x) in enumerate(jobs)]
+    recs = [loop_speed.load(p) for p in paths]
+    for rec, b in zip(recs, (1, 4, 1)):
+        rec["config"] = dict(rec["config"], kind="accuracy", device="cuda", decode_batch=b)
+        rec["identity"] = {"model": "w"}
+    recs[2]["config"]["benchmark"] = {"evidence": True}  # another config: not a twin
+    (line,) = loop_speed.batch_agreement(recs)
+    assert line.startswith("- full `bbb` (decode_batch 4, 4.0 rows a batch on the mean) against "
+                           "full `aaa` (one at a time)")  # fmt: skip
+    assert "the same prediction on 3 of 4 common samples, the same score on 3." in line
+    assert "Batched decoding against one at a time" in loop_speed.document(recs)
