@@ -316,7 +316,8 @@ def _merge(items: Sequence[Prefilled], model):
     """One ``DynamicCache`` for the batch of ``items``' caches, left-padded to the longest prompt
     (the cache a batched prefill of the left-padded prompts would hold, pads as zero keys and
     values), with the ``[B, longest + budget]`` padding mask (1 = a real token) and each row's
-    prompt length. Each item's own cache is released (``cache = None``) once it is copied."""
+    prompt length. The items' own caches are consumed: each layer's tensors are dropped once
+    copied (the memory peak is the batch's cache plus one layer), then ``cache = None``."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
@@ -325,7 +326,7 @@ def _merge(items: Sequence[Prefilled], model):
     sources = [p.cache.layers for p in items]
     if any(len(s) != len(sources[0]) for s in sources) or len(cache.layers) != len(sources[0]):
         raise ValueError("greedy_decode_batch: the prompts' caches have different layer counts")
-    for li in range(len(sources[0])):
+    for li in range(len(sources[0])):  # every layer checked before any is consumed
         layers = [s[li] for s in sources]
         kind = type(layers[0])
         if kind not in (DynamicLayer, DynamicSlidingWindowLayer) or any(
@@ -335,15 +336,20 @@ def _merge(items: Sequence[Prefilled], model):
                 f"greedy_decode_batch: layer {li} caches with {kind.__name__}; only DynamicLayer "
                 "and DynamicSlidingWindowLayer caches are merged into a batch"
             )
-        keys = [layer.keys for layer in layers]
-        vals = [layer.values for layer in layers]
-        for p, k in zip(items, keys):
-            n = k.shape[-2]
-            if k.shape[0] != 1 or n > p.length or (kind is DynamicLayer and n != p.length):
+        for p, layer in zip(items, layers):
+            n = 0 if layer.keys is None else layer.keys.shape[-2]
+            full = kind is DynamicLayer
+            if layer.keys is None or layer.keys.shape[0] != 1 or n > p.length or (
+                full and n != p.length
+            ):  # fmt: skip
                 raise ValueError(
                     f"greedy_decode_batch: layer {li} holds {n} positions of a {p.length}-token "
                     "prompt: not a fresh prefill's cache"
                 )
+    for li in range(len(sources[0])):
+        layers = [s[li] for s in sources]
+        keys = [layer.keys for layer in layers]
+        vals = [layer.values for layer in layers]
         m = max(k.shape[-2] for k in keys)  # full layers: lmax; sliding: at most the window
         shape = (len(items), keys[0].shape[1], m, keys[0].shape[-1])
         k_all, v_all = keys[0].new_zeros(shape), vals[0].new_zeros(shape)
@@ -351,6 +357,9 @@ def _merge(items: Sequence[Prefilled], model):
             n = k.shape[-2]
             k_all[r, :, m - n :] = k[0]
             v_all[r, :, m - n :] = v[0]
+        del keys, vals
+        for layer in layers:  # consumed: freed layer by layer, so the peak is one layer's copy
+            layer.keys = layer.values = None
         if lmax > m:  # a sliding layer: the positions before its window count, as zeros
             z = k_all.new_zeros((*shape[:2], lmax - m, shape[-1]))
             cache.update(z, z, li)

@@ -377,6 +377,7 @@ def test_batch_decode_refusals():
     with pytest.raises(ValueError, match="max_new_tokens"):
         prefill(model, _prompt(5), 0)
     items = [prefill(model, _prompt(n), 4) for n in (5, 9)]
-    items[1].cache.layers[0].keys = items[1].cache.layers[0].keys[..., :4, :]
-    with pytest.raises(ValueError, match="layer 0 holds 4 positions of a 9-token prompt"):
+    items[1].cache.layers[1].keys = items[1].cache.layers[1].keys[..., :4, :]
+    with pytest.raises(ValueError, match="layer 1 holds 4 positions of a 9-token prompt"):
         greedy_decode_batch(model, items)
+    assert all(layer.keys is not None for p in items for layer in p.cache.layers)  # untouched
