@@ -191,6 +191,23 @@ def _no_sync() -> None:
     return None
 
 
+def _check_ids(input_ids: torch.Tensor) -> None:
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must be [1, L] with L >= 1, got {tuple(input_ids.shape)}")
+
+
+def _rules(model, tokenizer, stop: Iterable[str]):
+    """What ends decoding: the stop-string check (or None), the EOS ids, and the forward's cache
+    keyword; the generation config checked (:func:`check_generation_config`)."""
+    check_generation_config(model)
+    stop = list(stop)
+    return (
+        _StopStrings(tokenizer, stop) if stop else None,
+        eos_ids(model, tokenizer),
+        _cache_kw(model),
+    )
+
+
 def _check_max_new(max_new_tokens) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise ValueError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
@@ -228,8 +245,7 @@ def prefill(
     """The prefill forward of one prompt (see the module): ``[1, L]`` ids from an empty
     ``DynamicCache``, all-ones attention mask, ``logits_to_keep=1``; its argmax is the first new
     token."""
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids must be [1, L] with L >= 1, got {tuple(input_ids.shape)}")
+    _check_ids(input_ids)
     _check_max_new(max_new_tokens)
     check_generation_config(model)
     from transformers import DynamicCache
@@ -277,15 +293,10 @@ def greedy_decode(
         stop: stop strings (the caller cuts the answer at the first one).
         sync: called before each clock reading (``torch.cuda.synchronize`` on a GPU); no-op if None.
     """
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids must be [1, L] with L >= 1, got {tuple(input_ids.shape)}")
+    _check_ids(input_ids)
     _check_max_new(max_new_tokens)
-    check_generation_config(model)
     sync = sync or _no_sync
-    stop = list(stop)
-    stops = _StopStrings(tokenizer, stop) if stop else None
-    eos = eos_ids(model, tokenizer)
-    kw = _cache_kw(model)
+    stops, eos, kw = _rules(model, tokenizer, stop)
     length = input_ids.shape[1]
 
     with torch.inference_mode():
@@ -401,12 +412,8 @@ def greedy_decode_batch(
         raise ValueError("greedy_decode_batch: no prompts")
     if any(not isinstance(p, Prefilled) or p.cache is None for p in items):
         raise ValueError("greedy_decode_batch takes fresh prefill() results (each used once)")
-    check_generation_config(model)
     sync = sync or _no_sync
-    stop = list(stop)
-    stops = _StopStrings(tokenizer, stop) if stop else None
-    eos = eos_ids(model, tokenizer)
-    kw = _cache_kw(model)
+    stops, eos, kw = _rules(model, tokenizer, stop)
     tokens = [[p.first] for p in items]
     why = [_stop_reason(t, eos, stops, p.max_new_tokens) for t, p in zip(tokens, items)]
     share, steps = [0.0] * len(items), [0] * len(items)
