@@ -509,9 +509,11 @@ def kernel_verdict(kernel_recs: list[dict]) -> str:
                 f"{worst_err:.4f}, at least {worst_walk:.1%} of query tiles stop where the "
                 f"reference stops): the lost answers come from the rule the reference computes, "
                 f"not from the kernel.")  # fmt: skip
-    return (f"The kernel departs from its reference on these samples (relative error up to "
-            f"{worst_err:.4f}, same-walk share down to {worst_walk:.1%}; bounds "
-            f"{KERNEL_MATCH}): a kernel bug may take part in the lost answers.")
+    return (
+        f"The kernel departs from its reference on these samples (relative error up to "
+        f"{worst_err:.4f}, same-walk share down to {worst_walk:.1%}; bounds "
+        f"{KERNEL_MATCH}): a kernel bug may take part in the lost answers."
+    )
 
 
 def page(recs: dict[str, dict], fig: Path | None, kernel_recs: list[dict] = ()) -> str:
@@ -594,30 +596,54 @@ def page(recs: dict[str, dict], fig: Path | None, kernel_recs: list[dict] = ()) 
     return "\n".join(parts) + "\n"
 
 
-def pinned(manifest: dict | None = None, results: Path | None = None,
-           key: str = "retrieval") -> list[Path]:  # fmt: skip
-    """The records pinned under ``records.<key>.qwen25_coder_1p5b`` in results/manifest.yaml
-    (``manifest``/``results``: an already-read manifest and its results folder; ``key``:
-    ``retrieval`` or ``kernel_on_samples``)."""
+MAIN_MODEL = "qwen25_coder_1p5b"  # its page is PAGE; another model's is page_name(model)
+
+
+def _manifest(manifest: dict | None, results: Path | None) -> tuple[dict, Path]:
     import yaml
 
     from analysis.records import MANIFEST, ROOT
 
     results = ROOT / "results" if results is None else results
     man = manifest if manifest is not None else yaml.safe_load((results / MANIFEST).read_text())
-    paths = ((man.get("records") or {}).get(key) or {}).get("qwen25_coder_1p5b") or []
+    return man, results
+
+
+def pinned(manifest: dict | None = None, results: Path | None = None,
+           key: str = "retrieval", model: str = MAIN_MODEL) -> list[Path]:  # fmt: skip
+    """The records pinned under ``records.<key>.<model>`` in results/manifest.yaml
+    (``manifest``/``results``: an already-read manifest and its results folder; ``key``:
+    ``retrieval`` or ``kernel_on_samples``)."""
+    man, results = _manifest(manifest, results)
+    paths = ((man.get("records") or {}).get(key) or {}).get(model) or []
     return [results / p for p in paths]
 
 
+def pinned_models(manifest: dict | None = None, results: Path | None = None) -> list[str]:
+    """The models with records pinned under ``records.retrieval``: the main model first."""
+    man, _ = _manifest(manifest, results)
+    models = list((man.get("records") or {}).get("retrieval") or {})
+    return sorted(models, key=lambda m: (m != MAIN_MODEL, m))
+
+
 PAGE = "retrieval_diagnosis.md"
+
+
+def page_name(model: str) -> str:
+    """The page of ``model``'s diagnosis: :data:`PAGE` for the main model."""
+    return PAGE if model == MAIN_MODEL else f"retrieval_diagnosis_{model}.md"
+
+
 GPU_COMMAND = (
     "`python run.py -m experiment=accuracy_retrieval_qwen_niah` on a GPU (analysis/gpu_runs.md)"
 )
 
 
 def section(ctx):
-    """make_all's artifact: the page and figure written beside the other artifacts
-    (``results/figures/retrieval_diagnosis.{md,png}``) and the accuracy rows on the index page."""
+    """make_all's artifact: the main model's page and figure written beside the other artifacts
+    (``results/figures/retrieval_diagnosis.{md,png}``) and its accuracy rows on the index page;
+    every other model pinned under ``records.retrieval`` gets a page of its own
+    (:func:`page_name`), linked with its summary lines."""
     from analysis.sections import Section
 
     sec = Section(
@@ -630,36 +656,58 @@ def section(ctx):
     if not paths:
         sec.missing_line("kind=accuracy records with benchmark.evidence=true on Qwen "
                          "(records.retrieval.qwen25_coder_1p5b)", GPU_COMMAND)  # fmt: skip
-        return sec
-    recs = by_label([load(p) for p in paths])
-    fig = figure(recs, ctx.out / PAGE.replace(".md", ".png"))
-    kpaths = [p for p in pinned(ctx.manifest, ctx.results, "kernel_on_samples") if p.is_file()]
-    krecs = [json.loads(p.read_text()) for p in kpaths]
-    (ctx.out / PAGE).write_text(page(recs, fig, krecs))
-    sec.files += [PAGE] + ([fig.name] if fig is not None else [])
-    sec.sources += [f"`{rel_path(p)}`" for p in paths + kpaths]
-    rows = accuracy_rows(recs)
-    sec.body += [
-        f"The whole page, with evidence recall, where S2O loses the needle and the fidelity "
-        f"table: [{PAGE}]({PAGE}). Its accuracy rows:",
-        "",
-        accuracy_table([r for r in rows if r["task"] != "all"]),
-        "",
-        *[f"- {line}" for line in summary(rows)],
-    ]
-    for variant in ("dense_tail", "tail_rank"):
-        if not any(lab.startswith(f"s2o {variant}") for lab in recs):
-            sec.missing_line(f"the named variant s2o {variant}=128 on the same samples",
-                             GPU_COMMAND)  # fmt: skip
-    if not krecs:
-        sec.missing_line("the S2O kernel against its reference on the lost samples "
-                         "(records.kernel_on_samples.qwen25_coder_1p5b)",
-                         "`python -m benchmarks.kernel_on_samples` "
-                         "(analysis/gpu_runs.md)")  # fmt: skip
-    if "flashprefill" not in recs:
-        sec.missing_line("FlashPrefill (alpha 0.08, the official Qwen2 value) on the same samples",
-                         GPU_COMMAND)  # fmt: skip
+    else:
+        recs, krecs = _write_page(ctx, sec, MAIN_MODEL, paths)
+        rows = accuracy_rows(recs)
+        sec.body += [
+            f"The whole page, with evidence recall, where S2O loses the needle and the fidelity "
+            f"table: [{PAGE}]({PAGE}). Its accuracy rows:",
+            "",
+            accuracy_table([r for r in rows if r["task"] != "all"]),
+            "",
+            *[f"- {line}" for line in summary(rows)],
+        ]
+        for variant in ("dense_tail", "tail_rank"):
+            if not any(lab.startswith(f"s2o {variant}") for lab in recs):
+                sec.missing_line(f"the named variant s2o {variant}=128 on the same samples",
+                                 GPU_COMMAND)  # fmt: skip
+        if not krecs:
+            sec.missing_line("the S2O kernel against its reference on the lost samples "
+                             "(records.kernel_on_samples.qwen25_coder_1p5b)",
+                             "`python -m benchmarks.kernel_on_samples` "
+                             "(analysis/gpu_runs.md)")  # fmt: skip
+        if "flashprefill" not in recs:
+            sec.missing_line("FlashPrefill (alpha 0.08, the official Qwen2 value) on the same "
+                             "samples", GPU_COMMAND)  # fmt: skip
+    for model in pinned_models(ctx.manifest, ctx.results):
+        paths = [p for p in pinned(ctx.manifest, ctx.results, model=model) if p.is_file()]
+        if model == MAIN_MODEL or not paths:
+            continue
+        recs, _ = _write_page(ctx, sec, model, paths)
+        name = page_name(model)
+        sec.body += ["", f"The same diagnosis on {model} ({_devices(recs)}): [{name}]({name}).",
+                     "", *[f"- {line}" for line in summary(accuracy_rows(recs))]]  # fmt: skip
     return sec
+
+
+def _devices(recs: dict[str, dict]) -> str:
+    """Where the records ran, e.g. ``cpu`` or ``NVIDIA H100 80GB HBM3``."""
+    names = sorted({(r.get("environment") or {}).get("device_name") or "?" for r in recs.values()})
+    return "records made on " + ", ".join(names)
+
+
+def _write_page(ctx, sec, model: str, paths: list[Path]) -> tuple[dict, list[dict]]:
+    """Write ``model``'s page and figure into ``ctx.out``; note them in ``sec``."""
+    name = page_name(model)
+    recs = by_label([load(p) for p in paths])
+    fig = figure(recs, ctx.out / name.replace(".md", ".png"))
+    kpaths = [p for p in pinned(ctx.manifest, ctx.results, "kernel_on_samples", model)
+              if p.is_file()]  # fmt: skip
+    krecs = [json.loads(p.read_text()) for p in kpaths]
+    (ctx.out / name).write_text(page(recs, fig, krecs))
+    sec.files += [name] + ([fig.name] if fig is not None else [])
+    sec.sources += [f"`{rel_path(p)}`" for p in paths + kpaths]
+    return recs, krecs
 
 
 def main(argv: list[str] | None = None) -> None:

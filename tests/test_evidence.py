@@ -511,12 +511,29 @@ def test_fractional_scores_get_the_sign_flip_test_and_pooled_rows_their_own_fami
 
 
 def _kernel_rec(err, walk):
-    rows = [{"id": "s/1", "layer": 0, "rel_err": err, "rel_err_question_rows": err,
-             "same_walk_share": walk, "density_kernel": 0.3, "density_reference": 0.31}]
-    return {"id": "abc", "environment": {"device_name": "GPU", "torch": "t", "triton": "x",
-                                         "git_revision": "r"},
-            "metrics": {"rows": rows, "summary": {"max_rel_err": err, "max_rel_err_question_rows":
-                                                  err, "min_same_walk_share": walk}}}
+    rows = [
+        {
+            "id": "s/1",
+            "layer": 0,
+            "rel_err": err,
+            "rel_err_question_rows": err,
+            "same_walk_share": walk,
+            "density_kernel": 0.3,
+            "density_reference": 0.31,
+        }
+    ]
+    return {
+        "id": "abc",
+        "environment": {"device_name": "GPU", "torch": "t", "triton": "x", "git_revision": "r"},
+        "metrics": {
+            "rows": rows,
+            "summary": {
+                "max_rel_err": err,
+                "max_rel_err_question_rows": err,
+                "min_same_walk_share": walk,
+            },
+        },
+    }
 
 
 def test_kernel_on_samples_part_says_match_or_departure():
@@ -530,3 +547,32 @@ def test_kernel_on_samples_part_says_match_or_departure():
     assert any("departs from its reference" in line for line in bad)
     assert any("departs" in line for line in rd.kernel_part([_kernel_rec(0.05, 1.0)]))
     assert rd.kernel_part([]) == []
+
+
+def test_another_pinned_model_gets_a_page_of_its_own(tmp_path):
+    """A model pinned under records.retrieval beside the main one: its own page and figure
+    (retrieval_diagnosis_<model>.md), linked from the section with where its records ran and
+    its summary lines; the main model's page stays where it was."""
+    import copy
+
+    import yaml
+
+    from analysis import retrieval_diagnosis as rd
+    from analysis.make_all import Ctx
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    manifest = yaml.safe_load((results / "manifest.yaml").read_text())
+    main = rd.pinned(manifest, results)
+    if not main:
+        pytest.skip("no retrieval records pinned")
+    man = copy.deepcopy(manifest)
+    man["records"]["retrieval"]["other_model"] = [str(p.relative_to(results)) for p in main[:2]]
+    assert rd.pinned_models(man, results)[0] == rd.MAIN_MODEL
+    sec = rd.section(Ctx(results, tmp_path, man, {}))
+    name = rd.page_name("other_model")
+    assert name == "retrieval_diagnosis_other_model.md" and rd.page_name(rd.MAIN_MODEL) == rd.PAGE
+    assert (tmp_path / name).is_file() and (tmp_path / rd.PAGE).is_file()
+    assert sec.files.index(rd.PAGE) < sec.files.index(name)
+    body = "\n".join(sec.body)
+    assert "The same diagnosis on other_model (records made on " in body and f"({name})" in body
+    assert (tmp_path / name).read_text().count("- `results/accuracy/") == 2  # its two only
