@@ -438,6 +438,9 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
     stop = stop_strings(bench.get("stop"))
     label = f"{bench['name']} {method} {samples_file.parent.name}"
     bar = Progress(label, len(samples), len(samples) - len(todo), bool(resolved["progress"]))
+    if batch > 1 and todo:
+        print(f"decode_batch={batch}: each sample prefilled alone, then {batch} decoded together; "
+              f"samples are written {batch} at a time", file=sys.stderr, flush=True)  # fmt: skip
     t0, total, ran = time.perf_counter(), 0.0, []
     parts = dict.fromkeys(("evidence_probe", "generate_one", "score"), 0.0)
     measure = bool(bench.get("measure_error", False))

@@ -490,7 +490,9 @@ def test_a_missing_generator_package_is_refused_before_loading(tmp_path, monkeyp
     assert ruler.missing_packages(["cwe"], {"cwe_words": "w.txt"}) == {}
 
 
-def test_decode_batch_gives_the_lines_of_one_at_a_time(tmp_path, model_and_tokenizer, monkeypatch):
+def test_decode_batch_gives_the_lines_of_one_at_a_time(
+    tmp_path, model_and_tokenizer, monkeypatch, capsys
+):
     """decode_batch=3: each sample prefilled alone (its density, evidence), the decodes together;
     the same predictions, tokens and densities as one at a time; each line says its batch; the
     samples' times sum to the job's; a cut line resumes alone."""
@@ -501,6 +503,8 @@ def test_decode_batch_gives_the_lines_of_one_at_a_time(tmp_path, model_and_token
     three["decode_batch"] = 3
     a = accuracy.evaluate(one, tmp_path / "one.jsonl", model, tok)
     b = accuracy.evaluate(three, tmp_path / "three.jsonl", model, tok)
+    err = capsys.readouterr().err
+    assert "decode_batch=3: each sample prefilled alone, then 3 decoded together" in err
     la, lb = _lines(tmp_path / "one.jsonl"), _lines(tmp_path / "three.jsonl")
     keys = ("id", "prediction", "new_tokens", "decode_steps", "prompt_tokens", "density",
             "density_per_layer", "score")  # fmt: skip
