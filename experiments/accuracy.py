@@ -219,10 +219,11 @@ class Progress:
         return (f"{self.label}: {self.resumed + self.ran}/{self.total} samples{resumed}, "
                 f"{rate:.1f} samples/min, {eta} left")  # fmt: skip
 
-    def step(self) -> None:
-        self.ran += 1
+    def step(self, n: int = 1) -> None:
+        """``n`` more samples done (a batch's at once: ``decode_batch``)."""
+        self.ran += n
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(n)
             self.bar.set_postfix(samples_per_min=f"{self.rate_per_min():.1f}")
             return
         now = self.clock()
@@ -487,13 +488,13 @@ def evaluate(resolved: dict, samples_file: Path, model=None, tokenizer=None,
                     append_line(samples_file, line)
                     done[s["id"]] = line
                     ran.append(line)
-                    bar.step()
                     rate = len(ran) / max(time.perf_counter() - t0, 1e-9)
                     total += value
                     if logger is not None:
                         logger.log({"score": value, "running_accuracy": 100 * total / len(ran),
                                     "density": gen["density"], "samples_per_s": rate},
                                    len(ran) - 1)  # fmt: skip
+                bar.step(len(chunk))  # after the chunk's lines: the rate counts whole batches
     except KeyboardInterrupt:
         bar.close()
         saved = read_done(samples_file)
