@@ -8,8 +8,9 @@ Every method sees the same samples (RULER's are generated once per tokenizer and
 ``eval/tasks/ruler``). Each sample: the prompt (the model's chat template for ``chat: true``
 models, RULER's plain ``base`` template otherwise, then the task's answer prefix) is prefilled
 with the method through ``s2o.hf.sparse_prefill`` and decoded densely and greedily up to the task's
-tokens to generate, EOS or a ``benchmark.stop`` string. Its line (id, task, length, prompt tokens,
-prediction, gold, score, density overall and per layer, prefill and decode time) is appended to
+tokens to generate, EOS or a ``benchmark.stop`` string (``decode_batch=N``: N samples, each
+prefilled alone, decoded together; :func:`generate_batch`). Its line (id, task, length, prompt
+tokens, prediction, gold, score, density overall and per layer, prefill and decode time) goes to
 ``samples.jsonl`` as soon as it is scored; a rerun of the same job skips the ids already there (a
 line cut by a kill is dropped and redone). Code, data or config changes give another run id, so
 stale samples are never reused. The job's metrics hold one cell per (task, length): accuracy
