@@ -117,9 +117,17 @@ def sharing(env: dict) -> list[str]:
     return shared
 
 
+def device_name(env: dict) -> str:
+    """The record's device model; a CPU record says so (its ``device_name`` is the processor,
+    e.g. ``x86_64``)."""
+    name = env["device_name"]
+    return f"CPU ({name})" if str(env.get("device", "")).startswith("cpu") else name
+
+
 def device_label(env: dict) -> str:
-    """The record's device, and whether it shared the GPU while it ran (:func:`sharing`)."""
-    shared, name = sharing(env), env["device_name"]
+    """The record's device (:func:`device_name`), and whether it shared the GPU while it ran
+    (:func:`sharing`)."""
+    shared, name = sharing(env), device_name(env)
     return f"{name} (SHARED: {', '.join(shared)}; times not clean)" if shared else name
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.accuracy_tables import find, load
-from analysis.records import SCRATCH, rel_path
+from analysis.records import SCRATCH, device_name, rel_path
 from analysis.tables import markdown as _markdown
 from eval.evidence import MIN_MASS
 from eval.significance import adjust_p, paired_test
@@ -447,7 +447,7 @@ def provenance(recs: dict[str, dict]) -> str:
     envs = {}
     for lab, r in recs.items():
         env = r.get("environment") or {}
-        gpu = env.get("gpu") or env.get("device_name") or env.get("device")
+        gpu = env.get("gpu") or (device_name(env) if "device_name" in env else env.get("device"))
         key = (str(gpu), str(env.get("transformers")), str(env.get("git_revision")))
         envs.setdefault(key, []).append(lab)
     lines = [f"- {', '.join(labs)}: device {g}, transformers {t}, code {rev}"
@@ -692,7 +692,7 @@ def section(ctx):
 
 def _devices(recs: dict[str, dict]) -> str:
     """Where the records ran, e.g. ``cpu`` or ``NVIDIA H100 80GB HBM3``."""
-    names = sorted({(r.get("environment") or {}).get("device_name") or "?" for r in recs.values()})
+    names = sorted({device_name(r["environment"]) for r in recs.values()})
     return "records made on " + ", ".join(names)
 
 

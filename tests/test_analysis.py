@@ -127,6 +127,8 @@ def test_device_label_flags_a_shared_gpu():
     shared = device_label({**env, "gpu_processes": 4, "jobs_per_gpu": 4})
     assert shared.startswith("NVIDIA H100 80GB HBM3 (SHARED: 4 processes on the GPU, 4 jobs")
     assert "times not clean" in shared
+    cpu = {"device": "cpu", "device_name": "x86_64"}  # a CPU record names the processor
+    assert device_label(cpu) == "CPU (x86_64)"
 
 
 def test_flashprefill_joins_the_pages_as_missing_records_never_a_number():
