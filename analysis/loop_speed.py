@@ -108,6 +108,13 @@ def _verdict(ratio: float) -> str:
     return "met" if ratio <= TARGET else f"missed by {ratio / TARGET - 1:.0%}"
 
 
+def _gpu(env: dict) -> str:
+    """``alone``, ``shared: ...`` (:func:`analysis.records.sharing`), or ``none (CPU)``."""
+    if str(env.get("device", "")).startswith("cpu"):
+        return "none (CPU)"
+    return "shared: " + ", ".join(s) if (s := sharing(env)) else "alone"
+
+
 def cell_frame(recs: list[dict]) -> pd.DataFrame:
     """One row per (record, task, length) of the measured records: means per sample (ms), the
     ratio of the sums sample / (prefill + decode) and the worst sample's ratio."""
@@ -125,7 +132,7 @@ def cell_frame(recs: list[dict]) -> pd.DataFrame:
                 "model": rec["config"]["model"]["name"], "method": label(rec), "task": task,
                 "length": length, "n": n, "evidence probe": _probe(rec),
                 "decode batch": sum(r.get("decode_batch", 1) for r in ls) / n,
-                "GPU": "shared: " + ", ".join(s) if (s := sharing(rec["environment"])) else "alone",
+                "GPU": _gpu(rec["environment"]),
                 "sample ms": _sum(ls, "sample_ms") / n, "loop ms": _sum(ls, "loop_ms") / n,
                 "prefill ms": sum(r.get("prefill_ms") or 0 for r in ls) / n,
                 "decode ms": decode / n, "decode steps": steps / n,
