@@ -84,6 +84,10 @@ def test_a_cell_says_when_its_gpu_was_shared(tmp_path):
     path.write_text(json.dumps(rec))
     (gpu,) = loop_speed.cell_frame([loop_speed.load(path)])["GPU"]
     assert gpu == "shared: 3 processes on the GPU, 3 jobs per GPU"
+    rec["environment"] = {**rec["environment"], "device": "cpu", "device_name": "x86_64"}
+    path.write_text(json.dumps(rec))
+    (gpu,) = loop_speed.cell_frame([loop_speed.load(path)])["GPU"]
+    assert gpu == "none (CPU)"  # a CPU record: no GPU, shared or not
 
 
 def test_records_without_sample_ms_say_what_elapsed_s_holds(tmp_path):
