@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.records import device_label, sharing
+from analysis.records import device_label, on_cpu, sharing
 from analysis.tables import markdown
 from experiments.records import sample_lines
 
@@ -110,7 +110,7 @@ def _verdict(ratio: float) -> str:
 
 def _gpu(env: dict) -> str:
     """``alone``, ``shared: ...`` (:func:`analysis.records.sharing`), or ``none (CPU)``."""
-    if str(env.get("device", "")).startswith("cpu"):
+    if on_cpu(env):
         return "none (CPU)"
     return "shared: " + ", ".join(s) if (s := sharing(env)) else "alone"
 
@@ -213,9 +213,13 @@ def batch_agreement(recs: list[dict]) -> list[str]:
     twin among ``recs`` decoded one at a time: on how many of their common samples the
     prediction and the score are the same."""
     out = []
-    for rec in (r for r in recs if _batched(r)):
+    batched = [r for r in recs if _batched(r)]
+    if not batched:
+        return out
+    singles = [(r, _twin_key(r)) for r in recs if not _batched(r)]  # each key computed once
+    for rec in batched:
         key = _twin_key(rec)
-        for twin in (t for t in recs if not _batched(t) and _twin_key(t) == key):
+        for twin in (t for t, k in singles if k == key):
             mine = {r["id"]: r for r in rec["_lines"]}
             common = [(mine[r["id"]], r) for r in twin["_lines"] if r["id"] in mine]
             if not common:

@@ -117,11 +117,16 @@ def sharing(env: dict) -> list[str]:
     return shared
 
 
+def on_cpu(env: dict) -> bool:
+    """Whether the record ran on the CPU (``device`` ``cpu``)."""
+    return str(env.get("device", "")).startswith("cpu")
+
+
 def device_name(env: dict) -> str:
     """The record's device model; a CPU record says so (its ``device_name`` is the processor,
     e.g. ``x86_64``)."""
     name = env["device_name"]
-    return f"CPU ({name})" if str(env.get("device", "")).startswith("cpu") else name
+    return f"CPU ({name})" if on_cpu(env) else name
 
 
 def device_label(env: dict) -> str:

@@ -120,6 +120,29 @@ def timer(shape: Shape, warmup_ms: float = 25.0, rep_ms: float = 200.0) -> Calla
     return lambda fn: bench_ms(fn, device, timing)
 
 
+def model_config(name: str, *, path: str | None = None, gguf_file: str | None = None,
+                 yarn: bool = False, weights: str | None = None) -> dict:  # fmt: skip
+    """A script's model config: ``conf/model/<name>.yaml`` with its command-line overrides
+    (``--model-path``, ``--gguf-file``, ``--yarn``, ``--weights``), the models cached under the
+    repository's ``cache/models``, normalized (:func:`eval.models.normalize`). An unknown name is
+    refused naming it and the known ones."""
+    import yaml
+
+    from eval import models
+
+    conf = ROOT / "conf" / "model"
+    file = conf / f"{name}.yaml"
+    if not file.is_file():
+        known = ", ".join(sorted(f.stem for f in conf.glob("*.yaml")))
+        raise SystemExit(f"--model {name!r}: no conf/model/{name}.yaml (known: {known})")
+    cfg = yaml.safe_load(file.read_text())
+    cfg.update({k: v for k, v in (("path", path), ("gguf_file", gguf_file), ("weights", weights))
+                if v})  # fmt: skip
+    cfg["yarn"] = bool(yarn) or cfg.get("yarn", False)
+    cfg["cache_dir"] = str(ROOT / "cache" / "models")
+    return models.normalize(cfg)
+
+
 def command_line(module: str, argv: list[str] | None) -> str:
     args = sys.argv[1:] if argv is None else argv
     return " ".join(["python", "-m", module, *(shlex.quote(a) for a in args)])

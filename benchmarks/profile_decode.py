@@ -27,11 +27,8 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 from eval import models
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _batches(text: str) -> list[int]:
@@ -115,16 +112,12 @@ def main(argv: list[str] | None = None) -> Path:
     if args.length < 1 or args.steps < 1:
         raise SystemExit(f"--length {args.length} and --steps {args.steps} must be >= 1")
 
-    from benchmarks.common import command_line, record_head
+    from benchmarks.common import command_line, model_config, record_head
     from experiments.records import benchmark_record_path, write_record
     from s2o.hf import sparse_prefill
 
-    cfg = yaml.safe_load((ROOT / "conf" / "model" / f"{args.model}.yaml").read_text())
-    cfg.update({k: v for k, v in (("path", args.model_path), ("gguf_file", args.gguf_file))
-                if v})  # fmt: skip
-    cfg.update(weights=args.weights, yarn=bool(args.yarn) or cfg.get("yarn", False),
-               cache_dir=str(ROOT / "cache" / "models"))  # fmt: skip
-    model_cfg = models.normalize(cfg)
+    model_cfg = model_config(args.model, path=args.model_path, gguf_file=args.gguf_file,
+                             yarn=args.yarn, weights=args.weights)  # fmt: skip
     context, where = models.context(model_cfg)
     if context is not None and args.length + args.steps + 1 > context:
         raise SystemExit(
@@ -161,7 +154,7 @@ def main(argv: list[str] | None = None) -> Path:
     for r in rows:  # tokens per second against one prompt at a time
         r["speedup_vs_batch1"] = r["tokens_per_s"] / one["tokens_per_s"] if one else None
     config = {"model": args.model, "weights": args.weights, "model_describe":
-              models.describe(model_cfg), "yarn": cfg["yarn"], "length": args.length,
+              models.describe(model_cfg), "yarn": model_cfg["yarn"], "length": args.length,
               "batches": batches, "steps": args.steps, "method": args.method,
               "dtype": str(next(model.parameters()).dtype)}  # fmt: skip
     command = command_line("benchmarks.profile_decode", argv)

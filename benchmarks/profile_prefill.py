@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from benchmarks.common import model_config
 from eval import models, texts
 from experiments.provenance import environment
 from s2o.hf import sparse_prefill
@@ -96,12 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_prefill profiles CUDA kernels: run it on a GPU")
-    cfg = yaml.safe_load((ROOT / "conf" / "model" / f"{args.model}.yaml").read_text())
-    cfg.update({k: v for k, v in (("path", args.model_path), ("gguf_file", args.gguf_file))
-                if v})  # fmt: skip
-    cfg["yarn"] = bool(args.yarn) or cfg.get("yarn", False)
-    cfg["cache_dir"] = str(ROOT / "cache" / "models")
-    model_cfg = models.normalize(cfg)
+    model_cfg = model_config(args.model, path=args.model_path, gguf_file=args.gguf_file,
+                             yarn=args.yarn)  # fmt: skip
     context, where = models.context(model_cfg)
     if context is not None and args.length > context:
         raise SystemExit(f"--length {args.length} > the {context}-token context ({where})")
@@ -115,9 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     for label, method, knobs in configs:
         table, wall = profile(model, ids, method, knobs, args.top)
         head = (
-            f"{args.model} ({models.describe(model_cfg)}), L={args.length}, yarn={cfg['yarn']}, "
-            f"{label}: one warm prefill, {wall:.1f} ms wall (profiler on)\n"
-            + json.dumps({k: env.get(k) for k in keep})
+            f"{args.model} ({models.describe(model_cfg)}), L={args.length}, "
+            f"yarn={model_cfg['yarn']}, {label}: one warm prefill, {wall:.1f} ms wall "
+            "(profiler on)\n" + json.dumps({k: env.get(k) for k in keep})
         )
         path = args.out / f"profile_{args.model}_{args.length}_{label}.txt"
         path.write_text(head + "\n\n" + table + "\n")

@@ -38,6 +38,7 @@ def test_a_record_with_one_row_per_batch(tmp_path):
     (["--batches", "0"], "comma-separated positive ints"),
     (["--steps", "0"], "must be >= 1"),
     (["--length", "40000"], "context"),
+    (["--model", "nope"], r"--model 'nope': no conf/model/nope.yaml \(known: .*smollm2_135m"),
 ])  # fmt: skip
 def test_bad_arguments_are_refused_before_loading(argv, message, tmp_path):
     base = ["--model", "smollm2_135m", "--weights", "random", "--length", "16", "--device",
