@@ -208,10 +208,10 @@ def _twin_key(rec: dict) -> tuple[str, str | None]:
     ).get("model")
 
 
-def batch_agreement(recs: list[dict]) -> list[str]:
-    """One generated line per record that decoded in batches (``decode_batch`` > 1) and has a
-    twin among ``recs`` decoded one at a time: on how many of their common samples the
-    prediction and the score are the same."""
+def agreement_pairs(recs: list[dict]) -> list[dict]:
+    """Each record that decoded in batches (``decode_batch`` > 1) with each twin among ``recs``
+    decoded one at a time (the same config but ``decode_batch``): on how many of their common
+    samples the prediction and the score are the same."""
     out = []
     batched = [r for r in recs if _batched(r)]
     if not batched:
@@ -224,16 +224,42 @@ def batch_agreement(recs: list[dict]) -> list[str]:
             common = [(mine[r["id"]], r) for r in twin["_lines"] if r["id"] in mine]
             if not common:
                 continue
-            pred = sum(a["prediction"] == b["prediction"] for a, b in common)
-            score = sum(a["score"] == b["score"] for a, b in common)
-            size = sum(r.get("decode_batch", 1) for r in rec["_lines"]) / len(rec["_lines"])
             out.append(
-                f"- {label(rec)} (decode_batch {rec['config'].get('decode_batch')}, "
-                f"{size:.1f} rows a batch on the mean) against {label(twin)} (one at a time): "
-                f"the same prediction on {pred} of {len(common)} common samples, the same score "
-                f"on {score}."
+                {
+                    "batched": rec,
+                    "twin": twin,
+                    "common": len(common),
+                    "same_prediction": sum(a["prediction"] == b["prediction"] for a, b in common),
+                    "same_score": sum(a["score"] == b["score"] for a, b in common),
+                    "rows": sum(r.get("decode_batch", 1) for r in rec["_lines"])
+                    / len(rec["_lines"]),
+                }
             )
     return out
+
+
+def batch_agreement(recs: list[dict]) -> list[str]:
+    """One generated line per pair of :func:`agreement_pairs`."""
+    return [
+        f"- {label(p['batched'])} (decode_batch {p['batched']['config'].get('decode_batch')}, "
+        f"{p['rows']:.1f} rows a batch on the mean) against {label(p['twin'])} (one at a time): "
+        f"the same prediction on {p['same_prediction']} of {p['common']} common samples, the same "
+        f"score on {p['same_score']}."
+        for p in agreement_pairs(recs)
+    ]
+
+
+def agrees(recs: list[dict], at_least: float) -> bool:
+    """Whether batched decoding may replace one-at-a-time decoding on this evidence: at least one
+    batched record has a twin, and every pair gives the same prediction on at least ``at_least``
+    of its common samples. Prints one line per pair."""
+    pairs = agreement_pairs(recs)
+    for line in batch_agreement(recs):
+        print(line)
+    if not pairs:
+        print("no record decoded in batches has a twin decoded one at a time among these")
+        return False
+    return all(p["same_prediction"] >= at_least * p["common"] for p in pairs)
 
 
 def _start(rec: dict) -> dt.datetime:
@@ -412,8 +438,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--root", type=Path, help="every record.json under this folder")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--out", type=Path, default=SCRATCH / PAGE)
+    ap.add_argument(
+        "--min-agreement",
+        type=float,
+        metavar="F",
+        help="no page: exit 0 if every batched record gives its twin's prediction on at least a "
+        "share F of their common samples (and one pair exists), else 1",
+    )
     args = ap.parse_args(argv)
+    if args.min_agreement is not None and not 0 < args.min_agreement <= 1:
+        ap.error(f"--min-agreement={args.min_agreement} must be in (0, 1]")
     paths = list(args.records) + (sorted(args.root.rglob("record.json")) if args.root else [])
+    if args.min_agreement is not None:
+        raise SystemExit(0 if agrees(read(paths), args.min_agreement) else 1)
     if not paths:
         manifest = yaml.safe_load((args.results / "manifest.yaml").read_text()) or {}
         paths = [args.results / p for p in pinned(manifest) if (args.results / p).is_file()]

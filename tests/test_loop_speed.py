@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -256,3 +257,34 @@ def test_a_batched_job_is_compared_with_its_twin_one_at_a_time(tmp_path):
                            "full `aaa` (one at a time)")  # fmt: skip
     assert "the same prediction on 3 of 4 common samples, the same score on 3." in line
     assert "Batched decoding against one at a time" in loop_speed.document(recs)
+
+
+def test_min_agreement_says_whether_batching_may_replace_one_at_a_time(tmp_path, capsys):
+    """``--min-agreement F`` (the GPU session's check before it turns decode_batch on): exit 0 only
+    where a batched record has a twin and every pair agrees on at least F of its samples."""
+    one = [dict(_line(i, 500, 300, 1000), prediction=f"p{i}") for i in range(4)]
+    batched = [dict(x, decode_batch=4) for x in one]
+    batched[2] = dict(batched[2], prediction="other", score=0.0)
+    for k, (rid, lines, b) in enumerate((("aaa", one, 1), ("bbb", batched, 4))):
+        path = _write(tmp_path / "both", rid, "full", lines, 5.0, 10 * k)
+        rec = json.loads(path.read_text())
+        rec["config"] = dict(rec["config"], kind="accuracy", device="cuda", decode_batch=b)
+        rec["identity"] = {"model": "w"}
+        path.write_text(json.dumps(rec))
+        if b == 1:
+            (tmp_path / "alone").mkdir()
+            (tmp_path / "alone" / "record.json").write_text(json.dumps(rec))
+            shutil.copy(path.parent / "samples.jsonl", tmp_path / "alone")
+
+    def code(root, share):
+        with pytest.raises(SystemExit) as e:
+            loop_speed.main(["--root", str(tmp_path / root), "--min-agreement", share])
+        return e.value.code
+
+    assert code("both", "0.75") == 0
+    assert "the same prediction on 3 of 4 common samples" in capsys.readouterr().out
+    assert code("both", "0.8") == 1
+    assert code("alone", "0.5") == 1  # no batched record: no evidence either way
+    assert "no record decoded in batches has a twin" in capsys.readouterr().out
+    assert code("both", "1.5") == 2
+    assert "--min-agreement=1.5 must be in (0, 1]" in capsys.readouterr().err
