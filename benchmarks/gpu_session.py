@@ -18,10 +18,11 @@ steps succeeded and its GPUs are free; a step whose dependency failed or was ski
 
 The state dir holds ``logs/<step>.log``, ``done/<step>.json`` (rc, times, GPUs, command, vars),
 ``vars/``, ``running/``, ``plan.json``, ``started``, ``serve.pid`` (while serve runs),
-``serve.log`` and ``finished`` (counts). Run again on the same state dir, ``start`` reruns only the
-steps without a done record of rc 0. ``poll`` writes ``<out>/snapshot.tgz``: the state files, a
-``status.txt`` and, under ``files/``, every file of the ``--pack`` folders (default ``results``)
-changed since ``started``.
+``serve.log`` and ``finished`` (counts); commands may put Hydra sweep folders under
+``{state}/sweeps/`` (their job logs travel in the snapshot). Run again on the same state dir,
+``start`` reruns only the steps without a done record of rc 0. ``poll`` writes
+``<out>/snapshot.tgz``: the state files, a ``status.txt`` and, under ``files/``, every file of the
+``--pack`` folders (default ``results``) changed since ``started``.
 """
 
 from __future__ import annotations
@@ -445,6 +446,9 @@ def write_snapshot(state: Path, out: Path, packs: list[str], root: Path) -> Path
         for name in ("logs", "done", "vars", "serve.log", "finished", "started", "plan.json"):
             if (state / name).exists():
                 _add_tree(tar, state / name, name)
+        for f in sorted((state / "sweeps").rglob("*.log")):  # each Hydra job's output
+            if f.is_file():
+                _add_tree(tar, f, f.relative_to(state).as_posix())
         text = ("\n".join(status_lines(state)) + "\n").encode()
         info = tarfile.TarInfo("status.txt")
         info.size, info.mtime = len(text), int(time.time())

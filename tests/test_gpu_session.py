@@ -167,7 +167,8 @@ def test_start_then_poll_packs_new_files_only(tmp_path):
     results.mkdir()
     (results / "old.json").write_text("{}")
     os.utime(results / "old.json", (time.time() - 1000,) * 2)
-    run = "sleep 1; mkdir -p results/r1; echo 1 > results/r1/new.json"
+    run = "sleep 1; mkdir -p results/r1 {state}/sweeps/a/0; echo 1 > results/r1/new.json; "
+    run += "echo job > {state}/sweeps/a/0/run.log; echo x > {state}/sweeps/a/0/job.pkl"
     steps = [{"name": "rec", "gpus": [0], "run": run}]
     state, out = tmp_path / "state", tmp_path / "out"
     plan = write_plan(tmp_path, steps)
@@ -186,6 +187,7 @@ def test_start_then_poll_packs_new_files_only(tmp_path):
     assert "files/results/r1/new.json" in names
     assert not any("old.json" in n for n in names)
     assert {"done/rec.json", "logs/rec.log", "finished", "serve.log"} <= names
+    assert "sweeps/a/0/run.log" in names and not any(n.endswith(".pkl") for n in names)
     assert "rec" in status and "ok" in status
     assert gs.serve_pid(state) is None and "ok 1" in (state / "finished").read_text()
 
