@@ -22,7 +22,8 @@ The state dir holds ``logs/<step>.log``, ``done/<step>.json`` (rc, times, GPUs, 
 ``{state}/sweeps/`` (their job logs travel in the snapshot). Run again on the same state dir,
 ``start`` reruns only the steps without a done record of rc 0. ``poll`` writes
 ``<out>/snapshot.tgz``: the state files, a ``status.txt`` and, under ``files/``, every file of the
-``--pack`` folders (default ``results``) changed since ``started``.
+``--pack`` folders (default ``results``) changed since ``started``; over 15 MiB it comes as
+``snapshot.tgz.part00``, ``part01``, ... (the device tool returns files of at most 16 MiB).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ STEP_KEYS = {"name", "gpus", "after", "run", "timeout_s", "note"}
 BUILTINS = ("state", "gpus")
 KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL this long after
 TICK_S = 0.05
+PART_BYTES = 15 << 20  # a snapshot larger than this is cut into parts (the tool's limit: 16 MiB)
 NOT_STARTED = "nothing was started on this machine (a fresh machine?): run start first"
 
 
@@ -463,8 +465,24 @@ def write_snapshot(state: Path, out: Path, packs: list[str], root: Path) -> Path
                     continue
                 if new and not any(f.resolve().is_relative_to(s) for s in skip):
                     _add_tree(tar, f, f"files/{f.relative_to(top).as_posix()}")
-    os.replace(tmp, dest)
-    return dest
+    for old in out.glob("snapshot.tgz.part*"):  # the last snapshot's parts
+        old.unlink()
+    if tmp.stat().st_size <= PART_BYTES:
+        os.replace(tmp, dest)
+        return dest
+    # The device tool returns files of at most 16 MiB: cut a larger snapshot into parts that
+    # `cat snapshot.tgz.part* > snapshot.tgz` joins again.
+    dest.unlink(missing_ok=True)
+    with open(tmp, "rb") as src:
+        i = 0
+        while chunk := src.read(PART_BYTES):
+            part = out / f".snapshot.tgz.part{i:02d}.tmp"
+            part.write_bytes(chunk)
+            os.replace(part, out / f"snapshot.tgz.part{i:02d}")
+            i += 1
+    tmp.unlink()
+    print(f"snapshot over {PART_BYTES >> 20} MiB: {i} parts; cat snapshot.tgz.part* > snapshot.tgz")
+    return out / "snapshot.tgz.part00"
 
 
 def poll(state: Path, out: Path, seconds: float, every: float, packs: list[str], root: Path) -> int:

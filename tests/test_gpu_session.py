@@ -235,3 +235,27 @@ def test_the_committed_plan_loads_on_one_and_two_gpus():
             assert "abc1234" in cmd, s.name
     one = gs.load_plan(path, 1, {"rev": "abc1234"})
     assert {g for s in one.steps for g in s.gpus} == {0}
+
+
+def test_a_snapshot_over_the_part_size_is_cut_into_parts_that_join(tmp_path, monkeypatch):
+    """The device tool returns files of at most 16 MiB: a larger snapshot comes back in parts,
+    which join into the same archive; a later small snapshot removes the stale parts."""
+    state, out = tmp_path / "state", tmp_path / "out"
+    gs.prepare_state(state, gs.load_plan(write_plan(tmp_path, [{"name": "a", "run": "true"}]), 1))
+    os.utime(state / "started", (time.time() - 100,) * 2)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "big.bin").write_bytes(os.urandom(50_000))  # incompressible
+    monkeypatch.setattr(gs, "PART_BYTES", 20_000)
+    gs.write_snapshot(state, out, ["results"], tmp_path)
+    parts = sorted(out.glob("snapshot.tgz.part*"))
+    assert len(parts) == 3 and not (out / "snapshot.tgz").exists()
+    assert all(p.stat().st_size <= 20_000 for p in parts)
+    (out / "joined.tgz").write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(out / "joined.tgz") as tar:
+        assert (
+            tar.extractfile("files/results/big.bin").read()
+            == (tmp_path / "results" / "big.bin").read_bytes()
+        )
+    (tmp_path / "results" / "big.bin").unlink()
+    gs.write_snapshot(state, out, ["results"], tmp_path)
+    assert (out / "snapshot.tgz").exists() and not list(out.glob("snapshot.tgz.part*"))
