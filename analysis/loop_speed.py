@@ -238,14 +238,14 @@ def agreement_pairs(recs: list[dict]) -> list[dict]:
     return out
 
 
-def batch_agreement(recs: list[dict]) -> list[str]:
-    """One generated line per pair of :func:`agreement_pairs`."""
+def batch_agreement(recs: list[dict], pairs: list[dict] | None = None) -> list[str]:
+    """One generated line per pair of :func:`agreement_pairs` (``pairs``: already computed)."""
     return [
         f"- {label(p['batched'])} (decode_batch {p['batched']['config'].get('decode_batch')}, "
         f"{p['rows']:.1f} rows a batch on the mean) against {label(p['twin'])} (one at a time): "
         f"the same prediction on {p['same_prediction']} of {p['common']} common samples, the same "
         f"score on {p['same_score']}."
-        for p in agreement_pairs(recs)
+        for p in (agreement_pairs(recs) if pairs is None else pairs)
     ]
 
 
@@ -254,7 +254,7 @@ def agrees(recs: list[dict], at_least: float) -> bool:
     batched record has a twin, and every pair gives the same prediction on at least ``at_least``
     of its common samples. Prints one line per pair."""
     pairs = agreement_pairs(recs)
-    for line in batch_agreement(recs):
+    for line in batch_agreement(recs, pairs):
         print(line)
     if not pairs:
         print("no record decoded in batches has a twin decoded one at a time among these")
