@@ -181,16 +181,47 @@ def refuse_unread_shortcuts(cfg: DictConfig, ctx: JobContext) -> None:
             )
 
 
-def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
-    """Run one Hydra job and return its record (also written to disk)."""
-    ctx = ctx or job_context(cfg)
+def check(cfg: DictConfig, ctx: JobContext) -> tuple[DictConfig, dict, Path]:
+    """Every refusal that needs no computation, for one job: the kind, the shortcuts, value types,
+    device, a writable ``results_dir``, the data files and the kind's own checks (the record's
+    path is the last of them: it hashes the data files and, for kind=accuracy, checks the job).
+    Returns the prepared config, the resolved one and the record's path; raises what
+    :func:`refusal` turns into one line. A sweep's launcher asks this of every point before its
+    first job runs (hydra_plugins/s2o_launchers/report.py ``preflight``)."""
     if cfg.kind not in KINDS:
         raise ConfigError(f"kind={cfg.kind!r} is not one of {list(KINDS)}")
-    warn_unread_keys(ctx.overrides)
     cfg = prepare(cfg, ctx.overrides)
     refuse_unread_shortcuts(cfg, ctx)
     resolved = resolved_config(cfg, ctx)
     check_writable(resolved["results_dir"])
+    return cfg, resolved, record_path(resolved)
+
+
+REFUSALS = (ConfigError, MissingMandatoryValue, InterpolationResolutionError)
+
+
+def one_line(exc: Exception) -> str:
+    """The one line that says why a job was refused (:data:`REFUSALS`)."""
+    if isinstance(exc, MissingMandatoryValue):
+        return f"{exc.full_key} is required (??? in the config): give {exc.full_key}=<value>"
+    return str(exc).splitlines()[0]
+
+
+def refusal(cfg: DictConfig) -> str | None:
+    """Why the job of ``cfg`` (a composed config with its ``hydra`` node) would be refused before
+    it computes, in one line; None when :func:`check` passes."""
+    try:
+        check(cfg, job_context(cfg))
+    except REFUSALS as exc:
+        return one_line(exc)
+    return None
+
+
+def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
+    """Run one Hydra job and return its record (also written to disk)."""
+    ctx = ctx or job_context(cfg)
+    warn_unread_keys(ctx.overrides)
+    cfg, resolved, path = check(cfg, ctx)
     if code_revision(resolved["git_rev"]) == "unknown":
         print(
             "warning: no git revision here (a copied tree?): pass git_rev=<commit> so records "
@@ -198,7 +229,6 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
             file=sys.stderr,
         )
     warn_shared_gpu(resolved)
-    path = record_path(resolved)
     done, how = reusable(resolved, path)
     if done is not None:
         if how == "stale":
@@ -229,11 +259,8 @@ def main(cfg: DictConfig) -> dict:
     ctx = job_context(cfg)
     try:
         result = outcome(run_job(cfg, ctx))
-    except (ConfigError, MissingMandatoryValue, InterpolationResolutionError) as exc:
-        msg = str(exc).splitlines()[0]
-        if isinstance(exc, MissingMandatoryValue):
-            msg = f"{exc.full_key} is required (??? in the config): give {exc.full_key}=<value>"
-        print(f"error: {msg}", file=sys.stderr)
+    except REFUSALS as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     if not ctx.multirun and (result["status"] != "ok" or result["failed"]):
         sys.exit(1)

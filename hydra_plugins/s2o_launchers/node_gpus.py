@@ -69,7 +69,7 @@ from omegaconf import DictConfig, open_dict
 
 from experiments.provenance import JOBS_PER_GPU_ENV  # records write it in their environment
 
-from .report import failure, finish
+from .report import failure, finish, preflight
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +317,9 @@ class NodeGpusLauncher(Launcher):
         except ValueError as e:  # one line, as run.py refuses a job, not Hydra's traceback
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
+        preflight(
+            self.hydra_context, self.config, self.task_function, job_overrides, initial_job_idx
+        )
         k = self.jobs_per_gpu
         how = "reused worker processes" if self.reuse_workers else "one process per job"
         at_once = "one at a time" if k == 1 else f"{k} at a time (sharing it: times are not clean)"

@@ -1,15 +1,65 @@
-"""The end of a sweep, for every launcher: name the points that failed and make Hydra exit 1."""
+"""The two ends of a sweep, for every launcher: before job #0, every point's config is checked
+(:func:`preflight`: a bad value refuses the whole sweep, nothing runs); after the last job, the
+points that failed are named and Hydra exits 1 (:func:`finish`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import sys
+from collections.abc import Callable, Sequence
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import CompactHydraException
+from hydra.types import HydraContext
+from omegaconf import DictConfig
 
 
 class SweepFailed(CompactHydraException):
     """Raised by a launcher once every job has ended; Hydra prints the message and exits 1."""
+
+
+def preflight(
+    hydra_context: HydraContext | None,
+    config: DictConfig | None,
+    task_function: Callable | None,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+) -> None:
+    """Refuse the sweep before its first job when any point would be refused: one line per bad
+    point, exit code 2, no job run. The check is the task's module's ``refusal(cfg)`` (run.py's:
+    value types, missing keys, data files, the kind's checks); a task without one is not checked.
+    A point that passes and fails while computing still records its error while the sweep goes
+    on (:func:`finish`)."""
+    refusal = getattr(sys.modules.get(getattr(task_function, "__module__", "")), "refusal", None)
+    if hydra_context is None or config is None or refusal is None:
+        return
+    shared = _shared(job_overrides)
+    bad = []
+    for i, overrides in enumerate(job_overrides):
+        try:
+            cfg = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+            HydraConfig.instance().set_config(copy.deepcopy(cfg))
+            why = refusal(cfg)
+        except Exception as exc:  # noqa: BLE001  (a composition error: Hydra raises several types)
+            why = _first_line(str(exc))
+        if why is not None:
+            point = " ".join(o for o in filter_overrides(overrides) if o not in shared)
+            bad.append(f"  #{initial_job_idx + i} {point}: {why}")
+    if bad:
+        print(
+            "\n".join([f"error: sweep not started: {len(bad)} of {len(job_overrides)} points "
+                       "refused (fix them and rerun; no point ran)", *bad]),
+            file=sys.stderr,
+        )  # fmt: skip
+        raise SystemExit(2)
+
+
+def _shared(job_overrides: Sequence[Sequence[str]]) -> set[str]:
+    """The overrides every job has (a point is named by the others)."""
+    if len(job_overrides) <= 1:
+        return set()
+    return set.intersection(*(set(o) for o in job_overrides))
 
 
 def failure(ret: JobReturn) -> str | None:
@@ -37,7 +87,7 @@ def finish(
     job_overrides: Sequence[Sequence[str]], rets: Sequence[JobReturn], initial_job_idx: int
 ) -> Sequence[JobReturn]:
     """Return ``rets`` if every job succeeded; else raise ``SweepFailed`` naming the failed ones."""
-    shared = set.intersection(*(set(o) for o in job_overrides)) if len(job_overrides) > 1 else set()
+    shared = _shared(job_overrides)
     failed = []
     for i, (overrides, ret) in enumerate(zip(job_overrides, rets)):
         why = failure(ret)

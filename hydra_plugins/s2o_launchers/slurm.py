@@ -23,7 +23,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from .report import finish
+from .report import finish, preflight
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,10 @@ class SlurmLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        inner = self.submitit
+        preflight(
+            inner.hydra_context, inner.config, inner.task_function, job_overrides, initial_job_idx
+        )
         jobs = self._submit(job_overrides, initial_job_idx)
         return finish(
             job_overrides, [_result(job, o) for job, o in zip(jobs, job_overrides)], initial_job_idx

@@ -1,0 +1,53 @@
+"""Before anything runs: a sweep's every point is checked before job #0 (a bad value refuses the
+sweep, nothing runs), and the refusals a newcomer meets are one line naming the key they typed.
+In-process and fast: composed configs, no model loads."""
+
+from __future__ import annotations
+
+import pytest
+from harness_util import CONF
+
+import run
+from hydra_plugins.s2o_launchers.local import LocalLauncher
+
+refusal = run.refusal  # preflight asks the task's module for it, as it asks run.py
+RAN: list[list[str]] = []
+
+
+def task(cfg) -> dict:
+    RAN.append(cfg.tau)
+    return {"status": "ok"}
+
+
+def _launch(sweep: list[list[str]], results) -> None:
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import setup_globals
+    from hydra.types import HydraContext, RunMode
+
+    setup_globals()
+    common = ["dry_run=true", "wandb.mode=disabled", f"results_dir={results}"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        config = loader.load_configuration("config", common, run_mode=RunMode.MULTIRUN)
+        launcher = LocalLauncher()
+        ctx = HydraContext(config_loader=loader, callbacks=Callbacks(config))
+        launcher.setup(hydra_context=ctx, task_function=task, config=config)
+        launcher.launch([job + common for job in sweep], 0)
+
+
+@pytest.mark.parametrize("bad_at", [0, 1])
+def test_a_bad_sweep_value_refuses_the_sweep_before_job_0(bad_at, tmp_path, capsys):
+    """``-m 'tau=abc,0.0011'`` and ``'tau=0.0011,abc'``: no point runs, the bad one is named in
+    one line, exit code 2."""
+    sweep = [["tau=0.0011"], ["tau=0.0012"]]
+    sweep.insert(bad_at, ["tau=abc"])
+    RAN.clear()
+    with pytest.raises(SystemExit) as exc:
+        _launch(sweep, tmp_path)
+    assert exc.value.code == 2
+    assert RAN == [] and not list(tmp_path.rglob("record.json"))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("error: sweep not started: 1 of 3 points refused"), err
+    assert err[1:] == [f"  #{bad_at} tau=abc: tau='abc' must be a number"], err
