@@ -79,6 +79,10 @@ def check_job(resolved: dict, config=None) -> None:
         raise ConfigError(
             f"decode_batch: {batch!r} is not a positive int (prompts decoded at once)"
         )
+    n = bench.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(f"benchmark.n={n!r} must be a positive int (samples per task and length)")
+    check_data_files(bench)
     task = task_of(bench)
     with _config_errors():
         task.check(bench)
@@ -96,6 +100,14 @@ def check_job(resolved: dict, config=None) -> None:
             f"context of model {model_cfg['name']} ({where}); drop the length{yarn} or use a "
             "longer-context model"
         )
+
+
+def check_data_files(bench: dict) -> None:
+    """Every file or folder a ``benchmark.data.<key>`` names exists (checked before the model
+    loads, as ``data.path`` and ``model.path`` are): a :class:`ConfigError` naming the key."""
+    for key, value in sorted((bench.get("data") or {}).items()):
+        if isinstance(value, str) and value and not Path(value).exists():
+            raise ConfigError(f"benchmark.data.{key}={value}: no such file or folder")
 
 
 @contextmanager

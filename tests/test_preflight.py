@@ -51,3 +51,31 @@ def test_a_bad_sweep_value_refuses_the_sweep_before_job_0(bad_at, tmp_path, caps
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: sweep not started: 1 of 3 points refused"), err
     assert err[1:] == [f"  #{bad_at} tau=abc: tau='abc' must be a number"], err
+
+
+def _refusal(overrides: list[str], tmp_path) -> str | None:
+    from harness_util import compose
+
+    return run.refusal(compose([*overrides, "wandb.mode=disabled", f"results_dir={tmp_path}"]))
+
+
+ACCURACY = ["kind=accuracy", "benchmark=ruler", "model=smollm2_135m",
+            "benchmark.tasks=[niah_single_1]"]  # fmt: skip
+
+
+@pytest.mark.parametrize("n", ["0", "-1", "abc"])
+def test_benchmark_n_below_one_is_refused(n, tmp_path):
+    """``benchmark.n=0`` used to load the model and write an ok record of no samples."""
+    why = _refusal([*ACCURACY, f"benchmark.n={n}"], tmp_path)
+    assert why is not None and why.startswith("benchmark.n="), why
+    assert "must be a positive int" in why, why
+
+
+def test_a_missing_benchmark_data_file_is_named_before_any_load(tmp_path, monkeypatch):
+    import eval.models
+
+    monkeypatch.setattr(eval.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    missing = tmp_path / "dev-v2.0.json"
+    why = _refusal(["kind=accuracy", "benchmark=ruler", "model=smollm2_135m",
+                    "benchmark.tasks=[qa_1]", f"benchmark.data.squad={missing}"], tmp_path)  # fmt: skip
+    assert why == f"benchmark.data.squad={missing}: no such file or folder", why
