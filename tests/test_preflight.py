@@ -21,8 +21,8 @@ def task(cfg) -> dict:
 
 def _launch(sweep: list[list[str]], results) -> None:
     from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import setup_globals
     from hydra.types import HydraContext, RunMode
 
@@ -76,6 +76,6 @@ def test_a_missing_benchmark_data_file_is_named_before_any_load(tmp_path, monkey
 
     monkeypatch.setattr(eval.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
     missing = tmp_path / "dev-v2.0.json"
-    why = _refusal(["kind=accuracy", "benchmark=ruler", "model=smollm2_135m",
-                    "benchmark.tasks=[qa_1]", f"benchmark.data.squad={missing}"], tmp_path)  # fmt: skip
+    qa = [*ACCURACY[:3], "benchmark.tasks=[qa_1]", f"benchmark.data.squad={missing}"]
+    why = _refusal(qa, tmp_path)
     assert why == f"benchmark.data.squad={missing}: no such file or folder", why
