@@ -76,7 +76,8 @@ def prepare(cfg: DictConfig, overrides: list[str] | None = None) -> DictConfig:
 
     A key given on the command line wins over the ``tiny`` block (``S=100 dry_run=true`` runs
     S=100). A dry run needs no weights: an experiment's ``data=model`` becomes synthetic inputs
-    unless ``data``, ``data.text`` or ``model*`` was given on the command line.
+    unless ``data``, ``data.text`` or ``model*`` was given on the command line. A GGUF file named
+    by ``model.path`` is split into its folder and ``model.gguf_file`` (:func:`gguf_file_path`).
     """
     cfg = cfg.copy()
     if "hydra" in cfg:
@@ -84,6 +85,7 @@ def prepare(cfg: DictConfig, overrides: list[str] | None = None) -> DictConfig:
         OmegaConf.set_struct(cfg, False)
         cfg.pop("hydra")
         OmegaConf.set_struct(cfg, with_flag)
+    gguf_file_path(cfg, explicit_keys(overrides or []))
     if cfg.dry_run:
         explicit = explicit_keys(overrides or [])
         if cfg.data.get("source") == "model" and not any(
@@ -96,6 +98,28 @@ def prepare(cfg: DictConfig, overrides: list[str] | None = None) -> DictConfig:
             cfg.data, cfg.model = synthetic, None
         _merge_existing(cfg, OmegaConf.to_container(cfg.tiny), explicit)
     return cfg
+
+
+def gguf_file_path(cfg: DictConfig, explicit: set[str]) -> None:
+    """``model.path`` may name the GGUF file itself (docs: "the GGUF file at ``model.path``") as
+    well as its folder: a file becomes ``model.path=<its folder> model.gguf_file=<its name>``, the
+    same config (and record) as the two keys given apart. A ``model.gguf_file`` given on the
+    command line that names another file is refused."""
+    model = cfg.get("model")
+    if not isinstance(model, DictConfig) or model.get("source") != "gguf":
+        return
+    if OmegaConf.is_missing(model, "path") or not model.get("path"):
+        return
+    path = Path(str(model.path))
+    if not path.is_file():
+        return
+    if "model.gguf_file" in explicit and model.gguf_file != path.name:
+        raise ConfigError(
+            f"model.path={path} is a file and model.gguf_file={model.gguf_file} names another: "
+            "give the file as model.path, or its folder as model.path and its name as "
+            "model.gguf_file"
+        )
+    model.path, model.gguf_file = str(path.parent), path.name
 
 
 def _merge_existing(node: DictConfig, values: dict, explicit: set[str], prefix: str = "") -> None:

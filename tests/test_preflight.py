@@ -79,3 +79,20 @@ def test_a_missing_benchmark_data_file_is_named_before_any_load(tmp_path, monkey
     qa = [*ACCURACY[:3], "benchmark.tasks=[qa_1]", f"benchmark.data.squad={missing}"]
     why = _refusal(qa, tmp_path)
     assert why == f"benchmark.data.squad={missing}: no such file or folder", why
+
+
+def test_model_path_may_name_the_gguf_file(tmp_path):
+    """``model.path=/x/smol.gguf`` is the file itself, the same point as ``model.path=/x
+    model.gguf_file=smol.gguf`` (it was refused as ``/x/smol.gguf/<default gguf_file>``)."""
+    from harness_util import compose
+
+    gguf = tmp_path / "smol.gguf"
+    gguf.write_bytes(b"GGUF")
+    common = [*ACCURACY, "benchmark.n=1", "wandb.mode=disabled", f"results_dir={tmp_path}"]
+    as_file = compose([*common, f"model.path={gguf}"])
+    cfg, resolved, path = run.check(as_file, run.job_context(as_file))
+    assert (cfg.model.path, cfg.model.gguf_file) == (str(tmp_path), "smol.gguf")
+    apart = compose([*common, f"model.path={tmp_path}", "model.gguf_file=smol.gguf"])
+    assert run.check(apart, run.job_context(apart))[2] == path
+    other = compose([*common, f"model.path={gguf}", "model.gguf_file=other.gguf"])
+    assert "names another" in run.refusal(other)
