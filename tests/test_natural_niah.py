@@ -233,7 +233,7 @@ def test_config_composes_checks_and_builds(fmt, tmp_path):
 
 
 @pytest.mark.parametrize("kind", haystacks.KINDS)
-def test_each_haystack_holds_a_128k_prompt(kind, made):
+def test_each_haystack_holds_a_128k_prompt(kind):
     """A window never repeats a line: each haystack must hold 128K tokens of a real tokenizer
     (English BPEs spend about 4 characters a token; 4.5 here to be safe)."""
     hay = haystacks.load(kind)
