@@ -274,8 +274,29 @@ def outcome(record: dict) -> dict:
     """What a launcher needs of a job (small, picklable): status, record path, error, and the
     failed points of an in-process sweep."""
     failed = (record.get("metrics") or {}).get("failed") or []
-    return {"status": record["status"], "path": record.get("path"),
-            "error": record.get("error"), "failed": list(failed)}  # fmt: skip
+    return {"status": record["status"], "path": record.get("path"), "error": record.get("error"),
+            "failed": list(failed), "skipped": bool(record.get("skipped"))}  # fmt: skip
+
+
+def sweep_table(points: list[dict]) -> str:
+    """The table that closes a ``-m`` sweep (hydra_plugins/s2o_launchers/report.py ``finish``):
+    one row per point (``num``, ``point``: the overrides that set it apart, ``status``: ok,
+    skipped, error or failed, ``path``: its record) with the record's headline metrics
+    (:mod:`analysis.runs_table`, which tabulates any records: ``python -m analysis.runs_table``)."""
+    import pandas as pd
+
+    from analysis.runs_table import HEADLINE, metrics_of, text
+    from experiments.records import read_record
+
+    rows = []
+    for p in points:
+        rec = read_record(Path(p["path"])) if p.get("path") else None
+        got = metrics_of(rec) if rec is not None and rec.get("status") == "ok" else {}
+        row = {"#": p["num"], "point": p["point"], "status": p["status"]}
+        rows.append(
+            {**row, **{k: got[k] for k in HEADLINE if k in got}, "record": p["path"] or "-"}
+        )
+    return f"sweep: {len(points)} points\n" + text(pd.DataFrame(rows))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -179,7 +179,8 @@ def check_memory(resolved: dict) -> None:
 
 
 class WandbLogger:
-    """One W&B run per job (``mode``: offline | online | disabled); a no-op when disabled."""
+    """One W&B run per job (``mode``: offline | online | disabled); a no-op when disabled. W&B's
+    own console lines (about 20 a job) are shown only with ``wandb.verbose=true``."""
 
     def __init__(self, wandb_cfg: dict, resolved: dict, name: str):
         self.run = None
@@ -192,6 +193,7 @@ class WandbLogger:
             mode=wandb_cfg["mode"], project=wandb_cfg["project"], entity=wandb_cfg["entity"],
             group=wandb_cfg["group"], tags=list(wandb_cfg["tags"]), dir=wandb_cfg["dir"],
             name=name, config=resolved, reinit="finish_previous",
+            settings=wandb.Settings(silent=not wandb_cfg.get("verbose", False)),
         )  # fmt: skip
 
     def log(self, values: dict, step: int | None = None) -> None:

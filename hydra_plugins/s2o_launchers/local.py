@@ -21,4 +21,4 @@ class LocalLauncher(BasicLauncher):
             self.hydra_context, self.config, self.task_function, job_overrides, initial_job_idx
         )
         rets = super().launch(job_overrides, initial_job_idx)
-        return finish(job_overrides, rets, initial_job_idx)
+        return finish(job_overrides, rets, initial_job_idx, self.task_function)

@@ -332,7 +332,7 @@ class NodeGpusLauncher(Launcher):
             for i, o in enumerate(job_overrides)
         ]
         rets = self._run(jobs, gpus, sweep_dir / "node_gpus.jsonl")
-        return finish(job_overrides, rets, initial_job_idx)
+        return finish(job_overrides, rets, initial_job_idx, self.task_function)
 
     def _prepare(self, sweep_dir: Path, overrides: list[str], num: int) -> _Job:
         """Write the job's pickle: what joblib's launcher sends its workers."""

@@ -1,6 +1,8 @@
 """The two ends of a sweep, for every launcher: before job #0, every point's config is checked
-(:func:`preflight`: a bad value refuses the whole sweep, nothing runs); after the last job, the
-points that failed are named and Hydra exits 1 (:func:`finish`)."""
+(:func:`preflight`: a bad value refuses the whole sweep, nothing runs); after the last job, one
+table of the points (ok, skipped, failed, their metrics), then the points that failed are named
+and Hydra exits 1 (:func:`finish`). The checks and the table are the task's module's (run.py's
+``refusal`` and ``sweep_table``): this package imports only Hydra and OmegaConf."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def preflight(
     value types, missing keys, data files, the kind's checks); a task without one is not checked.
     A point that passes and fails while computing still records its error while the sweep goes
     on (:func:`finish`)."""
-    refusal = getattr(sys.modules.get(getattr(task_function, "__module__", "")), "refusal", None)
+    refusal = _task_attr(task_function, "refusal")
     if hydra_context is None or config is None or refusal is None:
         return
     shared = _shared(job_overrides)
@@ -84,19 +86,46 @@ def failure(ret: JobReturn) -> str | None:
 
 
 def finish(
-    job_overrides: Sequence[Sequence[str]], rets: Sequence[JobReturn], initial_job_idx: int
+    job_overrides: Sequence[Sequence[str]],
+    rets: Sequence[JobReturn],
+    initial_job_idx: int,
+    task_function: Callable | None = None,
 ) -> Sequence[JobReturn]:
-    """Return ``rets`` if every job succeeded; else raise ``SweepFailed`` naming the failed ones."""
+    """Print the sweep's table (the task's module's ``sweep_table``, run.py's: one row per point,
+    its status and headline metrics), then return ``rets`` if every job succeeded; else raise
+    ``SweepFailed`` naming the failed ones."""
     shared = _shared(job_overrides)
-    failed = []
+    failed, points = [], []
     for i, (overrides, ret) in enumerate(zip(job_overrides, rets)):
+        point = " ".join(o for o in filter_overrides(overrides) if o not in shared)
         why = failure(ret)
         if why is not None:  # the point named by what sets it apart from the others
-            point = " ".join(o for o in filter_overrides(overrides) if o not in shared)
             failed.append(f"  #{initial_job_idx + i} {point}: {why}")
+        points.append({"num": initial_job_idx + i, "point": point or "-", **_status(ret)})
+    table = _task_attr(task_function, "sweep_table")
+    if table is not None and len(rets) > 1:
+        print(table(points), flush=True)
     if not failed:
         return rets
     raise SweepFailed("\n".join([f"sweep: {len(failed)} of {len(rets)} points failed", *failed]))
+
+
+def _status(ret: JobReturn) -> dict:
+    """``status`` (ok, skipped, error, failed) and ``path`` of a job's record, if any."""
+    value = ret._return_value if ret.status != JobStatus.FAILED else None
+    if not isinstance(value, dict):
+        return {"status": "failed" if ret.status == JobStatus.FAILED else "ok", "path": None}
+    status = value.get("status", "ok")
+    if status == "ok" and value.get("skipped"):
+        status = "skipped"
+    elif status == "ok" and value.get("failed"):
+        status = f"ok ({len(value['failed'])} failed)"
+    return {"status": status, "path": value.get("path")}
+
+
+def _task_attr(task_function: Callable | None, name: str) -> Callable | None:
+    """``name`` in the module of the task function (run.py's ``refusal``, ``sweep_table``)."""
+    return getattr(sys.modules.get(getattr(task_function, "__module__", "")), name, None)
 
 
 def _first_line(text: str, limit: int = 300) -> str:

@@ -53,9 +53,8 @@ class SlurmLauncher(Launcher):
             inner.hydra_context, inner.config, inner.task_function, job_overrides, initial_job_idx
         )
         jobs = self._submit(job_overrides, initial_job_idx)
-        return finish(
-            job_overrides, [_result(job, o) for job, o in zip(jobs, job_overrides)], initial_job_idx
-        )
+        rets = [_result(job, o) for job, o in zip(jobs, job_overrides)]
+        return finish(job_overrides, rets, initial_job_idx, inner.task_function)
 
     def _submit(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
         """hydra-submitit-launcher 1.2's ``launch`` up to the submission of the array."""
