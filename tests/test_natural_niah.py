@@ -239,3 +239,34 @@ def test_each_haystack_holds_a_128k_prompt(kind):
     hay = haystacks.load(kind)
     assert len(hay.lowered) >= 4.5 * 131072, (kind, len(hay.lowered))
     assert hay.starts and all(hay.lines[i].strip() for i in hay.starts[:100])
+
+
+def test_a_job_writes_knobs_source_and_evidence_recall_on_its_lines(tmp_path):
+    """kind=accuracy end to end on a tiny random model: each line carries its sample's depth,
+    distractors and haystack source, and dense attention's evidence recall is 1."""
+    import json
+
+    import torch
+    from test_accuracy import _resolved
+    from test_ruler import bpe_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from experiments import accuracy
+
+    tok = bpe_tokenizer()
+    cfg = AutoConfig.for_model(
+        "llama", vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=2048,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    res = _resolved(tmp_path, "full", 1)
+    res["benchmark"].update(name="natural_niah", tasks=["records_multikey"], lengths=[1024],
+                            evidence=True, data={"distractors": 2, "depth": 40})  # fmt: skip
+    m = accuracy.evaluate(res, tmp_path / "s.jsonl", model, tok)
+    (line,) = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert line["task"] == "records_multikey[depth=40,distractors=2]" and m["n_samples"] == 1
+    assert line["distractors"] == 2 and line["haystack"] == haystacks.identity("records")
+    assert len(line["depth"]) == 1 and abs(line["depth"][0] - 40) < 20
+    assert line["evidence"]["evidence_recall"] == pytest.approx(1.0)
