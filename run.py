@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -262,12 +263,34 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
         return {"status": "ok", "skipped": True, "path": str(path), "stale": done.get("stale")}
     kind = importlib.import_module(f"experiments.{resolved['kind']}")
     logger = WandbLogger(resolved["wandb"], resolved, name=f"{resolved['name']}-{path.parent.name}")
-    record = compute(resolved, path, lambda: kind.run(cfg, resolved, ctx, logger))
+    try:
+        record = compute(resolved, path, lambda: kind.run(cfg, resolved, ctx, logger))
+    except KeyboardInterrupt:
+        logger.finish(exit_code=130)
+        raise Interrupted(path) from None
     logger.finish(exit_code=0 if record["status"] == "ok" else 1)
     if record["status"] != "ok":
         print(f"error: {record['error']} (traceback in the record)", file=sys.stderr)
     print(f"record: {path} ({record['status']}, {record['elapsed_s']:.1f} s)")
     return {**record, "path": str(path)}
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while a point computed: its record (``path``) was not written."""
+
+    def __init__(self, path: Path):
+        super().__init__(str(path))
+        self.path = path
+
+
+def interrupted(exc: KeyboardInterrupt) -> str:
+    """The one line Ctrl-C prints (every kind; kind=accuracy says how many samples it saved)."""
+    path = getattr(exc, "path", None)
+    lost = f"the point in progress left no record ({path.parent})" if path else "no point started"
+    return (
+        f"interrupted: {lost}; records already written stay; rerun the same command to resume "
+        f"(points with an ok record are skipped): {shlex.join(['python', *sys.argv])}"
+    )
 
 
 def outcome(record: dict) -> dict:
@@ -299,17 +322,26 @@ def sweep_table(points: list[dict]) -> str:
     return f"sweep: {len(points)} points\n" + text(pd.DataFrame(rows))
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> dict:
+def job(cfg: DictConfig) -> dict:
+    """One job as ``python run.py`` runs it: a refusal is one line and exit code 2, Ctrl-C one line
+    and exit code 130, a failed point exit code 1 (outside a multirun)."""
     ctx = job_context(cfg)
     try:
         result = outcome(run_job(cfg, ctx))
     except REFUSALS as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as exc:
+        print(interrupted(exc), file=sys.stderr, flush=True)
+        sys.exit(130)
     if not ctx.multirun and (result["status"] != "ok" or result["failed"]):
         sys.exit(1)
     return result  # a multirun's launcher reads it: hydra_plugins/s2o_launchers/report.py
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> dict:
+    return job(cfg)
 
 
 if __name__ == "__main__":

@@ -96,3 +96,30 @@ def test_model_path_may_name_the_gguf_file(tmp_path):
     assert run.check(apart, run.job_context(apart))[2] == path
     other = compose([*common, f"model.path={gguf}", "model.gguf_file=other.gguf"])
     assert "names another" in run.refusal(other)
+
+
+@pytest.mark.parametrize(
+    "kind, overrides",
+    [("operator", []), ("sweep", ["experiment=hparams_tau", "data=synthetic"]),
+     ("matched", ["experiment=matched_sparsity", "data=synthetic"]), ("e2e", ["kind=e2e"])],
+)  # fmt: skip
+def test_ctrl_c_is_one_line_and_exit_130_in_every_kind(kind, overrides, tmp_path, monkeypatch,
+                                                       capsys):  # fmt: skip
+    """Ctrl-C while a point computes: one line (what was saved, the command that resumes), exit
+    130, no traceback (kind=accuracy says how many samples it saved: tests/test_accuracy.py)."""
+    import importlib
+
+    from harness_util import compose
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(f"experiments.{kind}"), "run", ctrl_c)
+    cfg = compose([*overrides, "dry_run=true", "wandb.mode=disabled", f"results_dir={tmp_path}"])
+    with pytest.raises(SystemExit) as exc:
+        run.job(cfg)
+    assert exc.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("interrupted: the point in progress left no"), err
+    assert "rerun the same command to resume" in err[0], err
+    assert not list(tmp_path.rglob("record.json"))
