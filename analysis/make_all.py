@@ -33,6 +33,7 @@ from analysis import (
     fronts,
     heatmaps,
     loop_speed,
+    matched_points,
     retrieval_diagnosis,
     ttft,
 )
@@ -44,6 +45,7 @@ SECTIONS = (
     fig1.section,
     heatmaps.section,
     fig4a.section,
+    matched_points.section,
     fig4b.section,
     fig4c.section,
     ttft.section,

@@ -3,8 +3,9 @@
 For each method, its ``main_knob`` (from the registry) is bisected inside ``matched.ranges[method]``
 until the sparsity reaches each ``matched.target_sparsity`` (within ``tol_sparsity``), and the MSE
 there is reported; the reverse search finds the density at each ``matched.target_mse``. Every
-evaluated knob value is kept as a curve point (knob, sparsity, density, MSE, MAE), which is what the
-Fig. 4a plot draws. Methods not registered in ``s2o.METHODS`` are reported as skipped.
+evaluated knob value is kept as a curve point (knob, sparsity, density, MSE, MAE; the same per
+layer under ``layers``), which is what the Fig. 4a plot draws. Methods not registered in
+``s2o.METHODS`` are reported as skipped.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ class Curve:
             knobs = {**self.knobs, METHODS[self.method].main_knob: x}
             ref = self.refs_for(knobs)
             m = operator.accuracy(self.method, knobs, self.layers, ref, progress=False)
-            self.points[x] = {"knob": x, **{k: m[k] for k in ("sparsity", "density", "mse", "mae")}}
+            keys = ("sparsity", "density", "mse", "mae")
+            # each layer's own point too: analysis/matched_points.py bootstraps over the layers
+            layers = [{"layer": p["layer"], **{k: p[k] for k in keys}} for p in m["per_layer"]]
+            self.points[x] = {"knob": x, **{k: m[k] for k in keys}, "layers": layers}
         return self.points[x]
 
     def refs_for(self, knobs: dict):

@@ -54,6 +54,7 @@ def test_make_all_rebuilds_the_committed_page_and_is_deterministic(built, monkey
         "fig1",
         "fig2",
         "fig4a",
+        "matched_points",
         "fig4b",
         "fig4c",
         "ablations",
