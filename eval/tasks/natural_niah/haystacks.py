@@ -81,8 +81,8 @@ class Haystack:
         if self.kind == "code":
             indent = below[: len(below) - len(below.lstrip())] if below else ""
             return [f"{indent}# {sentence}"]
-        if self.kind == "prose":
-            return [sentence, ""]
+        if self.kind == "prose":  # after the window's last line, a blank line first
+            return [sentence, ""] if below is not None else ["", sentence, ""]
         return [json.dumps({"note": sentence})]
 
 
