@@ -14,10 +14,14 @@ docs/harness.md.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
+import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -322,6 +326,71 @@ def sweep_table(points: list[dict]) -> str:
     return f"sweep: {len(points)} points\n" + text(pd.DataFrame(rows))
 
 
+def _close(word: str, choices) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or nothing."""
+    match = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def hydra_error(exc: Exception) -> str:
+    """One line for a mistake Hydra finds in the command line (a key that does not exist, a
+    config group option that does not exist, an override that does not parse), with the closest
+    name where there is one (``tua`` -> ``tau``)."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    cause = exc.__cause__
+    key = getattr(cause, "full_key", None)
+    if key and isinstance(getattr(cause, "parent_node", None), DictConfig):
+        leaf = str(key).rsplit(".", 1)[-1]
+        return (f"{key}: no such key{_close(leaf, cause.parent_node.keys())} (keys are strict; "
+                f"+{key}=<value> adds one)")  # fmt: skip
+    if isinstance(exc, MissingConfigException) and exc.options:
+        group, _, option = str(exc.missing_cfg_file).rpartition("/")
+        return (f"{group}={option}: no such option{_close(option, exc.options)}; options: "
+                f"{', '.join(exc.options)}")  # fmt: skip
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, OverrideParseException) and len(lines) > 1:
+        return f"{lines[0]}: {lines[1]}"
+    return lines[0] if lines else type(exc).__name__
+
+
+def one_line_errors(run_and_report: Callable) -> Callable:
+    """Hydra's ``run_and_report`` (it prints a failed composition in 7-15 lines and exits 1) with
+    its mistakes in one line, exit code 2, as run.py's own refusals. Anything else (a job's own
+    exception, a ``SweepFailed``: points that ran and failed) and every error under
+    ``HYDRA_FULL_ERROR=1`` is Hydra's to report."""
+    from hydra.errors import HydraException
+
+    def run(func: Callable) -> object:
+        try:
+            return func()
+        except Exception as exc:  # noqa: BLE001  (what is not ours goes back to Hydra's printer)
+            ours = isinstance(exc, HydraException) and type(exc).__name__ != "SweepFailed"
+            if not ours or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                return run_and_report(functools.partial(_reraise, exc))
+            print(f"error: {hydra_error(exc)}", file=sys.stderr)
+            sys.exit(2)
+
+    return run
+
+
+def _reraise(exc: Exception) -> None:
+    raise exc
+
+
+def unknown_option(argv: list[str]) -> str | None:
+    """One line for a command-line option Hydra does not know (argparse would print its usage and
+    exit 2), with the closest known option."""
+    from hydra._internal.utils import get_args_parser
+
+    known = [s for a in get_args_parser()._actions for s in a.option_strings]
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("-") and flag not in known:
+            return f"{flag}: no such option{_close(flag, known)}; options: {', '.join(known)}"
+    return None
+
+
 def job(cfg: DictConfig) -> dict:
     """One job as ``python run.py`` runs it: a refusal is one line and exit code 2, Ctrl-C one line
     and exit code 130, a failed point exit code 1 (outside a multirun)."""
@@ -345,4 +414,10 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    import hydra._internal.utils as hydra_internal  # run_and_report: Hydra's error printer
+
+    if (bad := unknown_option(sys.argv[1:])) is not None:
+        print(f"error: {bad}", file=sys.stderr)
+        sys.exit(2)
+    hydra_internal.run_and_report = one_line_errors(hydra_internal.run_and_report)
     main()

@@ -123,3 +123,60 @@ def test_ctrl_c_is_one_line_and_exit_130_in_every_kind(kind, overrides, tmp_path
     assert len(err) == 1 and err[0].startswith("interrupted: the point in progress left no"), err
     assert "rerun the same command to resume" in err[0], err
     assert not list(tmp_path.rglob("record.json"))
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [("tua=1", "tua: no such key (did you mean 'tau'?)"),
+     ("methd=s2o", "methd: no such key (did you mean 'method'?)"),
+     ("method=flexprefil", "method=flexprefil: no such option (did you mean 'flexprefill'?); "
+                           "options: flashprefill, flexprefill, full, pbs, s2o, xattn"),
+     ("tau=(", "Error parsing override 'tau=(': extraneous input '('")],
+)  # fmt: skip
+def test_hydra_mistakes_are_one_line_with_a_close_match(override, line, capsys):
+    from harness_util import compose
+
+    with pytest.raises(SystemExit) as exc:
+        run.one_line_errors(pytest.fail)(lambda: compose([override]))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {line}"), err
+
+
+def test_an_unknown_option_is_one_line_with_a_close_match():
+    assert run.unknown_option(["-m", "tau=1"]) is None
+    why = run.unknown_option(["--multrun", "tau=1"])
+    assert why.startswith("--multrun: no such option (did you mean '--multirun'?)"), why
+
+
+def test_a_job_error_and_a_failed_sweep_stay_hydras_to_report():
+    from hydra_plugins.s2o_launchers.report import SweepFailed
+
+    seen = []
+
+    def hydras(func) -> None:
+        try:
+            func()
+        except Exception as exc:  # noqa: BLE001
+            seen.append(type(exc).__name__)
+
+    for exc in (ValueError("a job's own"), SweepFailed("sweep: 1 of 2 points failed")):
+        run.one_line_errors(hydras)(_raising(exc))
+    assert seen == ["ValueError", "SweepFailed"]
+
+
+def _raising(exc: Exception):
+    def func():
+        raise exc
+
+    return func
+
+
+def test_run_py_prints_a_hydra_mistake_in_one_line(tmp_path):
+    from harness_util import run_cli
+
+    proc = run_cli(["tua=1"], tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: tua: no such key (did you mean 'tau'?) (keys are strict; +tua=<value> adds one)"
+    ]
