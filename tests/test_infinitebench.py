@@ -205,3 +205,79 @@ def test_loaded_tasks_move_the_cue_for_a_chat_model(data_dir, tok):
     assert plain["answer_prefix"] == "" and "The pass key is<|end|>" in plain["input"]
     (gpt4,) = ib.to_samples(rows, "Retr.PassKey", tok, 10_000, "gpt4", CHAT.format, chat=True)
     assert gpt4["answer_prefix"] == ""  # the gpt4 family has no cue: nothing moves
+
+
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+
+
+def test_generated_kv_style(tok):
+    """The official KV construction: a JSON object of distinct UUID pairs after the official
+    instruction, the question naming one key, its value the answer (the official metric), the
+    answer's pair stepped from the first to the last; the length fitted; the same by seed."""
+    import re
+
+    fmt = PromptFormat(tok, render=CHAT.format, add_special_tokens=False)
+    samples = ib.generate_retrieval("kv-style", 2048, fmt, n=4, seed=3)
+    assert [s["depth"] for s in samples] == [0.0, pytest.approx(1 / 3, abs=0.02),
+                                             pytest.approx(2 / 3, abs=0.02), 1.0]  # fmt: skip
+    for s in samples:
+        user = s["input"][len("<|user|>\n") : -len("<|end|>\n<|assistant|>\n")]
+        head = "Extract the value corresponding to the specified key in the JSON object below."
+        assert user.startswith(head + "\n\nJSON data:\n{"), user[:120]
+        obj, question = user[len(head) + 2 :].split("\n\n")
+        pairs = json.loads(obj.removeprefix("JSON data:\n"))
+        assert len(pairs) > 10 and all(re.fullmatch(UUID, x) for kv in pairs.items() for x in kv)
+        assert len(set(pairs.values())) == len(pairs)
+        (key,) = re.findall(rf'^Key: "({UUID})"\nThe value associated with the specified key is: $',
+                            question)  # fmt: skip
+        (value,) = s["outputs"]
+        assert pairs[key] == value and user.count(value) == 1
+        assert 0.9 * 2048 < s["prompt_tokens"] + ib.MAX_NEW_TOKENS["kv_retrieval"] <= 2048
+        assert ib.MAX_NEW_TOKENS["kv_retrieval"] == 50 and s["max_new_tokens"] == 50
+        assert ib.score("kv-style", f'The value is "{value}".', s["outputs"]) == 1.0
+        assert ib.score("kv-style", f'"{key}"', s["outputs"]) == 0.0
+    assert ib.generate_retrieval("kv-style", 2048, fmt, n=4, seed=3) == samples
+    assert ib.generate_retrieval("kv-style", 2048, fmt, n=4, seed=4) != samples
+
+
+def test_generated_math_find_style(tok):
+    """A list of at most 3-digit integers, odd in number; the kinds in turn; the answer its
+    largest, smallest or median; the official prompt (the "What is the <kind> number in the
+    following list?" line the official code derives from the input) and metric; the length
+    fitted; the same by seed."""
+    import re
+
+    fmt = PromptFormat(tok, render=CHAT.format, add_special_tokens=False)
+    samples = ib.generate_retrieval("math-find-style", 2048, fmt, n=6, seed=3)
+    for i, s in enumerate(samples):
+        kind = ib.MATH_FIND_KINDS[i % 3]
+        user = s["input"][len("<|user|>\n") : -len("<|end|>\n<|assistant|>\n")]
+        prefix, listed, question = user.split("\n\n")
+        assert prefix == f"What is the {kind} number in the following list?"
+        assert re.findall(r"The \w+ number", question)[0].lower() == f"the {kind} number"
+        values = json.loads(listed)
+        assert len(values) % 2 == 1 and len(values) > 100 and max(values) <= 999
+        want = {"largest": max(values), "smallest": min(values),
+                "median": sorted(values)[len(values) // 2]}[kind]  # fmt: skip
+        assert s["outputs"] == want and isinstance(want, int)
+        assert 0.9 * 2048 < s["prompt_tokens"] + ib.MAX_NEW_TOKENS["math_find"] <= 2048
+        assert s["max_new_tokens"] == 3
+        assert ib.score("math-find-style", f"{want}", s["outputs"]) == 1.0
+        assert ib.score("math-find-style", f"{want + 1}", s["outputs"]) == 0.0
+    assert ib.generate_retrieval("math-find-style", 2048, fmt, n=6, seed=3) == samples
+
+
+def test_generated_kv_and_math_find_through_the_task(tok):
+    """The benchmark task makes and scores them as it does the other generated tasks."""
+    fmt = PromptFormat(tok, render=CHAT.format, add_special_tokens=False, chat=True)
+    task = ib.InfiniteBench()
+    bench = {"n": 2, "seed": 3, "prompt_family": "yarn_mistral", "repeats": 1, "max_len": None,
+             "tasks": ["kv-style", "math-find-style"], "lengths": [1024]}  # fmt: skip
+    task.check(bench)
+    assert task.lengths(bench) == [1024]
+    samples = task.samples(bench, fmt)
+    assert [s["task"] for s in samples] == ["kv-style"] * 2 + ["math-find-style"] * 2
+    for s in samples:
+        assert s["prompt"].endswith("<|assistant|>\n")  # no answer cue: nothing moves
+        gold = s["gold"][0] if isinstance(s["gold"], list) else s["gold"]
+        assert task.score(s, f"{gold}")[0] == 1.0 and task.score(s, "none")[0] == 0.0

@@ -1,14 +1,17 @@
 """InfiniteBench (Zhang et al. 2024): the paper's 9 tasks, loaded from the hub or a local folder of
 the official jsonl files, with the official prompts, middle truncation, generation lengths and
 per-task metrics (OpenBMB/InfiniteBench ``src/prompt.py``, ``src/eval_utils.py``,
-``src/compute_scores.py``); plus offline generators of passkey- and number-style samples with
-the official recipe (``data/construct_synthetic_dataset.py``), which are *not* the published set.
+``src/compute_scores.py``); plus offline generators of passkey-, number- and KV-style samples with
+the official recipe (``data/construct_synthetic_dataset.py``) and of Math.Find-style samples (no
+official generator is published: see :func:`_math_find_example`), which are *not* the published
+sets.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,12 @@ PAPER_TASKS = {
     "Retr.Number": "number_string",
 }
 # generated offline with the official recipe; never reported as the published tasks
-GENERATED_TASKS = {"passkey-style": "passkey", "number-style": "number_string"}
+GENERATED_TASKS = {
+    "passkey-style": "passkey",
+    "number-style": "number_string",
+    "kv-style": "kv_retrieval",
+    "math-find-style": "math_find",
+}
 
 MAX_NEW_TOKENS = {
     "passkey": 6,
@@ -319,6 +327,8 @@ def generate_retrieval(
     if task not in GENERATED_TASKS:
         raise KeyError(f"generate_retrieval makes {list(GENERATED_TASKS)}, not {task!r}")
     name = GENERATED_TASKS[task]
+    if name in DRAWN:
+        return generate_drawn(task, length, fmt, n, seed, family)
     budget = length - MAX_NEW_TOKENS[name]
 
     def prompt(eg: dict) -> tuple[str, str]:  # (rendered input, answer prefix)
@@ -352,6 +362,116 @@ def generate_retrieval(
                 prompt_family=family,
                 prompt_tokens=fmt.n_tokens(text + prefix),
                 depth=depth / num_noise,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------- KV- and Math.Find-style
+
+
+def _uuid(rng: random.Random) -> str:
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def _kv_example(pairs: list[tuple[str, str]], at: int) -> dict:
+    """The official KV layout: a JSON object of UUID keys and values after "JSON data:", the
+    question naming the key of pair ``at``; the answer its value."""
+    body = ", ".join(f'"{k}": "{v}"' for k, v in pairs)
+    question = f'Key: "{pairs[at][0]}"\nThe value associated with the specified key is: '
+    return {"context": "JSON data:\n{" + body + "}", "input": question, "answer": [pairs[at][1]]}
+
+
+MATH_FIND_KINDS = ("largest", "smallest", "median")
+
+
+def _math_find_example(values: list[int], kind: str) -> dict:
+    """A list of integers and the question for its largest, smallest or median value (an odd
+    number of values: the median is one of them). The official repository publishes no Math.Find
+    generator (the maintainers say it is auto-generated, OpenBMB/InfiniteBench issue #8); the
+    list and question follow the shape the official prompt code reads (``"The <kind> number"``
+    in the input, the context a list), values of at most 3 digits so that the answer fits the
+    official 3-token budget. The value ranges are ours."""
+    pick = {"largest": max, "smallest": min, "median": lambda v: sorted(v)[len(v) // 2]}
+    context = "[" + ", ".join(map(str, values)) + "]"
+    question = f"The {kind} number of the list is: "
+    return {"context": context, "input": question, "answer": [pick[kind](values)]}
+
+
+# the generated tasks whose every sample draws its own material (fitted to the budget one by one)
+DRAWN = {"kv_retrieval", "math_find"}
+
+
+def _check_cap(k: int, cap: int) -> None:
+    if k > cap:  # past the drawn material the prompt stops growing: the fit would never end
+        raise ValueError(f"size {k} is past the {cap} drawn: the tokenizer packs more per token")
+
+
+def _drawn_example(name: str, i: int, n: int, rng: random.Random, cap: int):
+    """``(example at size k, depth of the answer at size k)`` for sample ``i`` of ``n``: its
+    material drawn once up to ``cap`` (so the fitted size only cuts it), the answer's place
+    evenly stepped over the samples (KV: the answer pair's position; Math.Find: the kinds in
+    turn)."""
+    frac = i / (n - 1) if n > 1 else 0.5
+    if name == "kv_retrieval":
+        pairs = [(_uuid(rng), _uuid(rng)) for _ in range(cap)]
+
+        def kv(k: int) -> tuple[dict, float]:
+            _check_cap(k, cap)
+            at = round(frac * (k - 1))
+            return _kv_example(pairs[:k], at), at / max(1, k - 1)
+
+        return kv
+    kind = MATH_FIND_KINDS[i % len(MATH_FIND_KINDS)]
+    lo = rng.randint(0, 499)
+    hi = rng.randint(lo + 100, 999)
+    values = [rng.randint(lo, hi) for _ in range(2 * cap + 1)]
+
+    def math(k: int) -> tuple[dict, float]:
+        _check_cap(k, cap)
+        eg = _math_find_example(values[: 2 * k + 1], kind)
+        return eg, values.index(eg["answer"][0]) / (2 * k)
+
+    return math
+
+
+def generate_drawn(
+    task: str, length: int, fmt: PromptFormat, n: int, seed: int = 42,
+    family: str = "yarn_mistral",
+) -> list[dict]:  # fmt: skip
+    """``n`` KV-style or Math.Find-style samples at ``length`` tokens (prompt after ``fmt``'s
+    template + tokens to generate), each sample's own draw fitted to the budget (KV pairs; list
+    values, kept odd in number)."""
+    name = GENERATED_TASKS[task]
+    budget = length - MAX_NEW_TOKENS[name]
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        # at least a token per KV pair's 4 quotes, per listed value: the cap is past the budget
+        cap = max(4, budget // 4 if name == "kv_retrieval" else budget)
+        make = _drawn_example(name, i, n, rng, cap)
+
+        def prompt(k: int, make=make) -> tuple[str, str]:
+            text = build_prompt(make(k)[0], name, family)
+            text, prefix = split_cue(text, name, family) if fmt.chat else (text, "")
+            return fmt.render(text), prefix
+
+        size = fit_size(lambda k: fmt.n_tokens("".join(prompt(k))), budget, 1, budget // 64)
+        eg, depth = make(size)
+        text, prefix = prompt(size)
+        out.append(
+            dict(
+                id=f"infinitebench/{task}/{length}/{seed}/{i}",
+                task=task,
+                index=i,
+                length=length,
+                input=text,
+                answer_prefix=prefix,
+                outputs=gold(eg, name) if name == "math_find" else eg["answer"],
+                max_new_tokens=MAX_NEW_TOKENS[name],
+                prompt_family=family,
+                prompt_tokens=fmt.n_tokens(text + prefix),
+                depth=depth,
             )
         )
     return out
