@@ -246,6 +246,32 @@ def refusal(cfg: DictConfig) -> str | None:
     return None
 
 
+def typed_names(message: str, overrides: list[str]) -> str:
+    """``message`` with each knob set through a shortcut named as it was typed (``S=0``: ``S
+    must be a positive int``, not ``segment_len``), unless ``method.<knob>`` was typed too."""
+    typed = explicit_keys(overrides)
+    for short, knob in SHORTCUTS.items():
+        if short != knob and short in typed and f"method.{knob}" not in typed:
+            message = re.sub(rf"\b{knob}\b", short, message)
+    return message
+
+
+def as_typed(body: Callable, ctx: JobContext) -> Callable:
+    """``body`` whose ``ValueError`` (a bad knob value, found when the method is bound) names the
+    keys as typed (:func:`typed_names`); the original stays as its cause, in the traceback."""
+
+    def run(*args: object) -> dict:
+        try:
+            return body(*args)
+        except ValueError as exc:
+            renamed = typed_names(str(exc), ctx.overrides)
+            if renamed == str(exc):
+                raise
+            raise ValueError(renamed) from exc
+
+    return run
+
+
 def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
     """Run one Hydra job and return its record (also written to disk)."""
     ctx = ctx or job_context(cfg)
@@ -268,7 +294,9 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
     kind = importlib.import_module(f"experiments.{resolved['kind']}")
     logger = WandbLogger(resolved["wandb"], resolved, name=f"{resolved['name']}-{path.parent.name}")
     try:
-        record = compute(resolved, path, lambda: kind.run(cfg, resolved, ctx, logger))
+        record = compute(
+            resolved, path, lambda: as_typed(kind.run, ctx)(cfg, resolved, ctx, logger)
+        )
     except KeyboardInterrupt:
         logger.finish(exit_code=130)
         raise Interrupted(path) from None

@@ -180,3 +180,15 @@ def test_run_py_prints_a_hydra_mistake_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "error: tua: no such key (did you mean 'tau'?) (keys are strict; +tua=<value> adds one)"
     ]
+
+
+@pytest.mark.parametrize(
+    "typed, said",
+    [("S=0", "ValueError: S must be a positive int, got 0"),
+     ("method.segment_len=0", "ValueError: segment_len must be a positive int, got 0")],
+)  # fmt: skip
+def test_an_error_names_the_key_as_typed(typed, said, tmp_path):
+    from harness_util import run_inprocess
+
+    rec = run_inprocess([typed, "dry_run=true"], tmp_path)
+    assert rec["status"] == "error" and rec["error"] == said, rec["error"]
