@@ -87,3 +87,36 @@ def test_wandb_console_lines_wait_for_verbose(verbose, monkeypatch, tmp_path):
            "dir": str(tmp_path)}  # fmt: skip
     WandbLogger({**cfg, "verbose": verbose} if verbose else cfg, {}, name="x")
     assert seen["settings"].silent is not verbose
+
+
+def test_a_users_runs_are_ignored_by_git_and_the_pinned_records_stay_tracked(tmp_path):
+    """A new record under results/ (each kind's folder, experiments/records.py PATHS) is ignored
+    by git; every record results/manifest.yaml pins is tracked still, at its path."""
+    import subprocess
+
+    import yaml
+    from harness_util import ROOT, compose
+
+    from experiments.common import resolved_config
+    from experiments.records import record_path
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    fresh = []
+    for overrides in (["dry_run=true"], ["experiment=hparams_tau", "data=synthetic"],
+                      ["kind=e2e", "dry_run=true"],
+                      ["kind=accuracy", "benchmark=ruler", "model=smollm2_135m"]):  # fmt: skip
+        cfg = compose([*overrides, "results_dir=results", "git_rev=0000000"])
+        ctx = run.job_context(cfg)
+        fresh.append(str(record_path(resolved_config(run.prepare(cfg, overrides), ctx))))
+    ignored = git("check-ignore", "--no-index", *fresh).stdout.split()
+    assert ignored == fresh, (fresh, ignored)
+
+    manifest = yaml.safe_load((ROOT / "results" / "manifest.yaml").read_text())
+    pinned = [f"results/{p}" for p in manifest["experiments"].values()]
+    assert git("ls-files", "--error-unmatch", *pinned).returncode == 0
+    assert git("check-ignore", *pinned).stdout == ""  # tracked files are never ignored
