@@ -15,9 +15,15 @@ from .launch import HEAD_DIMS, Launch, check_head_dim
 from .s2o_attention import STOP_CHUNK, s2o_fused, s2o_pass1, s2o_pass2
 from .s2o_step1 import s2o_step1
 
+# kv_perm's dtype where Step 1 feeds the kernels' walk (the S2O method, s2o_triton without perms):
+# int32 halves the index bytes the walk gathers through and Step 1 writes; the values are those
+# of the specification's int64 layout, so the decisions are the same (the measured effect:
+# results/kernels/run10_h100/README.md)
+WALK_INDEX_DTYPE = torch.int32
+
 __all__ = [
     "s2o_step1", "s2o_triton", "s2o_pass1", "s2o_pass2", "s2o_fused", "Launch", "HEAD_DIMS",
-    "STOP_CHUNK", "check_head_dim",
+    "STOP_CHUNK", "WALK_INDEX_DTYPE", "check_head_dim",
 ]  # fmt: skip
 
 
@@ -92,7 +98,8 @@ def s2o_triton(
                causal=causal)  # fmt: skip
     if perms is None:
         perms = s2o_step1(q, k, segment_len=segment_len, local_window=local_window,
-                          sort_mode=step1_sort, causal=causal, tail_rank=tail_rank)  # fmt: skip
+                          sort_mode=step1_sort, causal=causal, tail_rank=tail_rank,
+                          index_dtype=WALK_INDEX_DTYPE)  # fmt: skip
         perms = (tail_last(perms[0], segment_len, dense_tail), perms[1])
     qp, kvp = perms
     walk = dict(tau=tau, scale=scale, stop_tile=stop_tile, out=out, walk_budget=walk_budget,

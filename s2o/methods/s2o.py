@@ -138,11 +138,11 @@ def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, d
     if resolve_impl(impl, q.device) == "reference":
         _check_sort(step1_sort, "reference")
         return s2o_permutations(q, k, segment_len, local_window, causal, dense_tail, tail_rank)
-    from ..kernels import s2o_step1
+    from ..kernels import WALK_INDEX_DTYPE, s2o_step1
 
     q_perm, kv_perm = s2o_step1(
         q, k, segment_len=segment_len, local_window=local_window, sort_mode=step1_sort,
-        causal=causal, tail_rank=tail_rank,
+        causal=causal, tail_rank=tail_rank, index_dtype=WALK_INDEX_DTYPE,
     )  # fmt: skip
     return tail_last(q_perm, segment_len, dense_tail), kv_perm
 
