@@ -30,9 +30,12 @@ SOL_BOUND = 60.0  # Nsight Compute's Speed-of-Light threshold, % of peak
 VERDICTS = (  # (test on the Speed-of-Light numbers, sentence); the first that holds is the verdict
     (lambda m: m["sm"] >= SOL_BOUND and m["sm"] >= m["mem"], "compute-bound"),
     (lambda m: m["mem"] >= SOL_BOUND, "memory-bound"),
-    (lambda m: True, "latency-bound: neither unit above {bound:.0f}% of its peak, "
-                     "{eligible:.2f} of {active:.2f} warps per scheduler eligible"),
-)  # fmt: skip
+    (
+        lambda m: True,
+        "latency-bound: neither unit above {bound:.0f}% of its peak, "
+        "{eligible:.2f} of {active:.2f} warps per scheduler eligible",
+    ),
+)
 NCU_COLUMNS = {
     "sm": "Compute (SM) Throughput",
     "mem": "Memory Throughput",
@@ -52,7 +55,7 @@ def read_ncu(path: Path) -> dict[tuple[str, int], dict]:
     text = path.read_text()
     start = text.find('"ID"')
     if start < 0:
-        raise ValueError(f"{path}: no ncu CSV table (no \"ID\" header)")
+        raise ValueError(f'{path}: no ncu CSV table (no "ID" header)')
     by_id: dict[str, dict] = defaultdict(dict)
     names: dict[str, str] = {}
     for row in csv.DictReader(io.StringIO(text[start:])):
@@ -115,8 +118,14 @@ def breakdown_frame(rec: dict) -> pd.DataFrame:
             flop = r["walked_tiles"] * tile_flop
         else:
             continue
-        rows.append({"kernel": name, "ms": ms, "density": r.get("density"),
-                     "tflops": flop / ms / 1e9 if flop else None})  # fmt: skip
+        rows.append(
+            {
+                "kernel": name,
+                "ms": ms,
+                "density": r.get("density"),
+                "tflops": flop / ms / 1e9 if flop else None,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -126,9 +135,18 @@ def ncu_launches(names) -> list[tuple[str, int] | None]:
     the record's order, so the ``i``-th Pass-2 (fused) row is launch ``2 i`` of its kernel."""
     count, out = defaultdict(int), []
     for n in names:
-        kernel = next((k for p, k in (("Pass-1", "_s2o_pass1_kernel"),
-                                      ("Pass-2", "_s2o_pass2_kernel"),
-                                      ("fused", "_s2o_fused_kernel")) if n.startswith(p)), None)  # fmt: skip
+        kernel = next(
+            (
+                k
+                for p, k in (
+                    ("Pass-1", "_s2o_pass1_kernel"),
+                    ("Pass-2", "_s2o_pass2_kernel"),
+                    ("fused", "_s2o_fused_kernel"),
+                )
+                if n.startswith(p)
+            ),
+            None,
+        )
         if kernel is None:
             out.append(None)
             continue
@@ -138,8 +156,11 @@ def ncu_launches(names) -> list[tuple[str, int] | None]:
 
 
 def section(ctx) -> Section:
-    sec = Section("kernel_breakdown", "Where S2O's time goes, kernel by kernel (issue 47)",
-                  "Not in the paper (its Sec. 5 reports totals)")  # fmt: skip
+    sec = Section(
+        "kernel_breakdown",
+        "Where S2O's time goes, kernel by kernel (issue 47)",
+        "Not in the paper (its Sec. 5 reports totals)",
+    )
     found = pinned(ctx, "kernels.breakdown")
     if not found:
         sec.missing_line(
@@ -165,16 +186,26 @@ def section(ctx) -> Section:
             markdown(df, {"ms": ".2f", "density": ".3f", "tflops": ".0f", "% of peak": ".0f"}),
             "",
         ]
-        kernels = next((r["kernels"] for r in rec["metrics"]["rows"]
-                        if r["part"] == "step1_kernels"), [])  # fmt: skip
+        kernels = next(
+            (r["kernels"] for r in rec["metrics"]["rows"] if r["part"] == "step1_kernels"), []
+        )
         if kernels:
-            top = pd.DataFrame([{"Step 1 CUDA kernel": _short(k["kernel"]), "ms": k["ms"],
-                                 "launches": k["launches"]} for k in kernels[:6]])  # fmt: skip
+            top = pd.DataFrame(
+                [
+                    {
+                        "Step 1 CUDA kernel": _short(k["kernel"]),
+                        "ms": k["ms"],
+                        "launches": k["launches"],
+                    }
+                    for k in kernels[:6]
+                ]
+            )
             sec.body += [markdown(top, {"ms": ".2f", "launches": ".0f"}), ""]
         if ncu:
             nf = pd.DataFrame([{"kernel": f"{k} #{n}", **v} for (k, n), v in ncu.items()])
-            sec.body += ["Nsight Compute (Speed of Light, %; warps per scheduler):", "",
-                         markdown(nf, {c: ".1f" for c in nf.columns if c != "kernel"}), ""]  # fmt: skip
+            fmt = {c: ".1f" for c in nf.columns if c != "kernel"}
+            head = "Nsight Compute (Speed of Light, %; warps per scheduler):"
+            sec.body += [head, "", markdown(nf, fmt), ""]
             sec.sources.append(f"`{ncu_path.relative_to(Path(ctx.results).parent)}`")
         sec.sources.append(f"`{path}` ({m['gpu']}, git {m['git']})")
     sec.body.append(

@@ -79,7 +79,9 @@ def pass2_rows(q, k, v, perms, state, a, geo, bench, emit):
     L, hq = q.shape[2], q.shape[1]
     dense_tiles = dense_causal_tile_count(L, a.block, a.block)
     p1_tiles = s2o_pass1_tile_count(L, a.segment_len, 0, a.block, a.block)
-    variants = [None] + [Launch(*(int(x) for x in s.split(":"))) for s in a.variants.split(",") if s]
+    variants = [None] + [
+        Launch(*(int(x) for x in s.split(":"))) for s in a.variants.split(",") if s
+    ]
     for lv in variants:
         name = "default" if lv is None else f"{lv.num_warps}:{lv.num_stages}:{lv.sub_n}"
         for tau in (float(t) for t in a.taus.split(",")):
@@ -92,8 +94,15 @@ def pass2_rows(q, k, v, perms, state, a, geo, bench, emit):
                     emit(part="pass2", launch=name, tau=tau, error=f"{type(e).__name__}: {e}"[:300])
                     continue
                 walked = float(vis.double().sum())
-                emit(part="pass2", launch=name, tau=tau, stop_logic=stop, ms=ms,
-                     walked_tiles=walked, density=(walked / hq + p1_tiles) / dense_tiles)  # fmt: skip
+                emit(
+                    part="pass2",
+                    launch=name,
+                    tau=tau,
+                    stop_logic=stop,
+                    ms=ms,
+                    walked_tiles=walked,
+                    density=(walked / hq + p1_tiles) / dense_tiles,
+                )
 
 
 def main(argv=None) -> dict:
@@ -103,8 +112,15 @@ def main(argv=None) -> dict:
               "variants": a.variants, "taus": a.taus, "parts": sorted(a.parts), "once": a.once,
               "input": a.input, "seed": a.seed, "index_dtype": str(WALK_INDEX_DTYPE),
               "smoke": a.smoke}  # fmt: skip
-    rec = common.Recorder("kernel_probe", config, common.command_line("benchmarks.kernel_probe",
-                          argv), shape, a.out, a.rev, metrics={"rows": []})  # fmt: skip
+    rec = common.Recorder(
+        "kernel_probe",
+        config,
+        common.command_line("benchmarks.kernel_probe", argv),
+        shape,
+        a.out,
+        a.rev,
+        metrics={"rows": []},
+    )
     rows = rec.metrics["rows"]
 
     def emit(**row):
@@ -116,22 +132,34 @@ def main(argv=None) -> dict:
     emit(part="input", seconds=round(time.perf_counter() - t0, 1))
     bench = common.timer(shape, warmup_ms=50, rep_ms=a.rep_ms)
     if a.once:
+
         def bench(fn):
             fn()
             if q.is_cuda:
                 torch.cuda.synchronize()
             return None
+
     S = a.segment_len
     geo = dict(segment_len=S, local_window=0, block_m=a.block, block_n=a.block)
     if "full" in a.parts:
         for backend in ("flash", "cudnn"):
-            emit(part="full", backend=backend,
-                 ms=bench(lambda b=backend: full_attention(q, k, v, backend=b)))  # fmt: skip
+            emit(
+                part="full",
+                backend=backend,
+                ms=bench(lambda b=backend: full_attention(q, k, v, backend=b)),
+            )
     perms = s2o_step1(q, k, segment_len=S, index_dtype=WALK_INDEX_DTYPE)
     if "step1" in a.parts:
         for mode in ("chunks", "full"):
-            emit(part="step1", sort=mode, ms=bench(lambda m=mode: s2o_step1(
-                q, k, segment_len=S, sort_mode=m, index_dtype=WALK_INDEX_DTYPE)))  # fmt: skip
+            emit(
+                part="step1",
+                sort=mode,
+                ms=bench(
+                    lambda m=mode: s2o_step1(
+                        q, k, segment_len=S, sort_mode=m, index_dtype=WALK_INDEX_DTYPE
+                    )
+                ),
+            )
     if "profile" in a.parts and not a.once:
         emit(part="step1_kernels", kernels=step1_profile(q, k, S))
     state = s2o_pass1(q, k, v, **geo)
@@ -142,8 +170,12 @@ def main(argv=None) -> dict:
     if "fused" in a.parts:
         for tau in (float(t) for t in a.taus.split(",")):
             _, vis = s2o_fused(q, k, v, perms[1], tau=tau, **geo)
-            emit(part="fused", tau=tau, walked_tiles=float(vis.double().sum()),
-                 ms=bench(lambda t=tau: s2o_fused(q, k, v, perms[1], tau=t, **geo)))  # fmt: skip
+            emit(
+                part="fused",
+                tau=tau,
+                walked_tiles=float(vis.double().sum()),
+                ms=bench(lambda t=tau: s2o_fused(q, k, v, perms[1], tau=t, **geo)),
+            )
     print(rec.save(done=True))
     return rec.record
 
