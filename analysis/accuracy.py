@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import accuracy_tables
+from analysis import accuracy_summary, accuracy_tables
 from analysis.records import device_label
 from analysis.sections import Ctx, Section
 from analysis.tables import markdown
@@ -67,6 +67,8 @@ def section(ctx: Ctx) -> Section:
             sec.files += [f"{stem}.md", f"{stem}.png"]
             if accuracy_tables.error_figure(recs, ctx.out / f"{stem}_vs_error.png"):
                 sec.files.append(f"{stem}_vs_error.png")
+            if accuracy_summary.figure(recs, ctx.out / f"{stem}_summary.png"):
+                sec.files.append(f"{stem}_summary.png")
             pooled = accuracy_tables.tables(recs, only={"all"}, level=3)
             sec.body += ["", pooled, f"Every task: [`{stem}.md`]({stem}.md).", ""]
         sec.sources += [f"`results/{p}`" for p in paths]

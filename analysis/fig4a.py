@@ -71,6 +71,16 @@ def _fig4a_input(ctx: Ctx, rec: dict) -> str:
     return f"{kind} input (`eval/synthetic.py`), L={data['L']}"
 
 
+def _fig4a_title(ctx: Ctx, rec: dict) -> str:
+    """The figure's input line: which model's attention, or which synthetic input."""
+    data = rec["config"]["data"]
+    if data["source"] == "model":
+        return f"{rec['config']['model']['name']}'s captured attention ({data['text']})"
+    if calibrated(ctx, data):
+        return "calibrated synthetic input (data=synthetic_calibrated)"
+    return "uncalibrated synthetic input (eval/synthetic.py)"
+
+
 def _fig4a_differs(ctx: Ctx, rec: dict, df: pd.DataFrame | None) -> str:
     """One record's line of the Differs note: its input, device and measured ratio range."""
     ratios = [] if df is None else df["best baseline / S2O"].dropna().tolist()
@@ -97,7 +107,7 @@ def section(ctx: Ctx) -> Section:
                           f"the kind=matched record of {commands[name]}",
                           f"{how}; every method again, one record")  # fmt: skip
         out = ctx.out / f"{name}.png"
-        plot_mse_vs_sparsity.plot(rec, out)
+        plot_mse_vs_sparsity.plot(rec, out, _fig4a_title(ctx, rec))
         sec.files.append(out.name)
         df = _fig4a_table(rec)
         differs.append(_fig4a_differs(ctx, rec, df))

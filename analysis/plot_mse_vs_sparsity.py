@@ -19,7 +19,9 @@ from analysis.plotting import save, setup
 from analysis.records import SCRATCH, describe, record_for
 
 
-def plot(rec: dict, out: Path) -> Path:
+def plot(rec: dict, out: Path, what: str | None = None) -> Path:
+    """The record's curves; ``what``: the input, for the title (default: the model captured, or
+    the data source)."""
     plt = setup()
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     for name, r in rec["metrics"]["methods"].items():
@@ -31,14 +33,15 @@ def plot(rec: dict, out: Path) -> Path:
         hits = [p for p in r["at_sparsity"] if p["mse"] > 0]
         ax.plot([p["sparsity"] for p in hits], [p["mse"] for p in hits], "s", mfc="none",
                 color=line.get_color(), ms=8)  # fmt: skip
+    ax.plot([], [], "s", mfc="none", color="0.3", ms=8, label="bisected to a target sparsity")
     ax.set_yscale("log")
     ax.set_xlabel("sparsity (1 - processed / dense causal tiles)")
     ax.set_ylabel("MSE vs Full (mean over heads, layers)")
     cfg = rec["config"]
     src = cfg["data"]["source"]
-    what = f"{cfg['model']['name']}, captured" if src == "model" else src
-    ax.set_title(f"MSE vs sparsity, L={cfg['data']['L']} ({what})", fontsize=10)
-    ax.legend(fontsize=8)
+    what = what or (f"{cfg['model']['name']}, captured" if src == "model" else f"{src} input")
+    ax.set_title(f"MSE vs sparsity, L={cfg['data']['L']}\n{what}", fontsize=9)
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     save(fig, out)

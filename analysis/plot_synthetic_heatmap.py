@@ -4,7 +4,6 @@ The only script in analysis/ that computes something: it visualises the *input g
 can see the planted stripes; it does not touch results.
 
     python analysis/plot_synthetic_heatmap.py --L 2048 --head 0  # outputs/analysis/, git-ignored
-    python analysis/plot_synthetic_heatmap.py --out results/figures/synthetic_heatmap.png
     python analysis/plot_synthetic_heatmap.py --set sink=0 heavy=0   # switch structures off
 """
 
