@@ -31,9 +31,14 @@ VERDICTS = (  # (test on the Speed-of-Light numbers, sentence); the first that h
     (lambda m: m["sm"] >= SOL_BOUND and m["sm"] >= m["mem"], "compute-bound"),
     (lambda m: m["mem"] >= SOL_BOUND, "memory-bound"),
     (
-        lambda m: True,
+        lambda m: m["eligible"] is not None,
         "latency-bound: neither unit above {bound:.0f}% of its peak, "
         "{eligible:.2f} of {active:.2f} warps per scheduler eligible",
+    ),
+    (
+        lambda m: True,
+        "latency-bound: neither unit above {bound:.0f}% of its peak, "
+        "{occupancy:.1f}% achieved occupancy",
     ),
 )
 NCU_COLUMNS = {
@@ -88,7 +93,7 @@ def verdict(m: dict) -> str:
 
 def _short(name: str) -> str:
     """A CUDA kernel's name without template arguments and parameters."""
-    base = name.split("(")[0].split("<")[0].strip()
+    base = name.replace("(anonymous namespace)::", "").split("(")[0].split("<")[0].strip()
     return base.split("::")[-1].removeprefix("void ").strip()
 
 
@@ -155,6 +160,26 @@ def ncu_launches(names) -> list[tuple[str, int] | None]:
     return out
 
 
+def ncu_frame(ncu: dict, names) -> pd.DataFrame:
+    """The launches the breakdown rows map to, then every other kernel as the mean of its
+    launches (Step 1's sorts run dozens of times)."""
+    rows, used = [], set()
+    for name, key in zip(names, ncu_launches(names)):
+        if key in ncu:
+            rows.append({"kernel": name, **ncu[key]})
+            used.add(key[0])
+    rest = pd.DataFrame([{"kernel": k, **v} for (k, _), v in ncu.items() if k not in used])
+    if len(rest):
+        num = rest.drop(columns="kernel").apply(pd.to_numeric, errors="coerce")
+        agg = num.groupby(rest["kernel"], sort=False).mean()
+        agg.insert(0, "launches", rest.groupby("kernel", sort=False).size())
+        rows += [
+            {"kernel": f"{k} (x{int(r.launches)})", **r.drop("launches").to_dict()}
+            for k, r in agg.iterrows()
+        ]
+    return pd.DataFrame(rows)
+
+
 def section(ctx) -> Section:
     sec = Section(
         "kernel_breakdown",
@@ -172,8 +197,9 @@ def section(ctx) -> Section:
     for rec, path in found:
         m, sh = br.machine(rec), br.shape(rec)
         peak = next((v for k, v in PEAK_TFLOPS.items() if k in m["gpu"]), None)
-        ncu_path = Path(ctx.results).parent / Path(path).parent / "ncu.csv"
-        ncu = read_ncu(ncu_path) if ncu_path.is_file() else {}
+        folder = Path(ctx.results).parent / Path(path).parent
+        ncu_files = sorted(folder.glob("ncu*.csv"))
+        ncu = {k: v for f in ncu_files for k, v in read_ncu(f).items()}
         df = breakdown_frame(rec)
         if peak:
             df["% of peak"] = df["tflops"] / peak * 100
@@ -202,11 +228,12 @@ def section(ctx) -> Section:
             )
             sec.body += [markdown(top, {"ms": ".2f", "launches": ".0f"}), ""]
         if ncu:
-            nf = pd.DataFrame([{"kernel": f"{k} #{n}", **v} for (k, n), v in ncu.items()])
-            fmt = {c: ".1f" for c in nf.columns if c != "kernel"}
-            head = "Nsight Compute (Speed of Light, %; warps per scheduler):"
-            sec.body += [head, "", markdown(nf, fmt), ""]
-            sec.sources.append(f"`{ncu_path.relative_to(Path(ctx.results).parent)}`")
+            fmt = {c: ".1f" for c in NCU_COLUMNS}
+            head = "Nsight Compute (Speed of Light, % of peak; warps per scheduler; one row per"
+            head += " launch above, Step 1's kernels as the mean over their launches):"
+            sec.body += [head, "", markdown(ncu_frame(ncu, df["kernel"]), fmt), ""]
+            rel = Path(ctx.results).parent
+            sec.sources += [f"`{f.relative_to(rel)}`" for f in ncu_files]
         sec.sources.append(f"`{path}` ({m['gpu']}, git {m['git']})")
     sec.body.append(
         "TFLOP/s count the tiles a kernel computed (two 128 x 128 x D products a tile; SDPA the "
