@@ -1,12 +1,16 @@
-"""Files shared by every caller: a file's content hash (run identities, GGUF caches) and a cache
-folder written beside its final name and published by one rename."""
+"""Files shared by every caller: a file's content hash (run identities, GGUF caches), a cache
+folder written beside its final name and published by one rename, and a lock that lets one process
+fill a cache entry while the others that want it wait."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -46,3 +50,19 @@ def publish_dir(tmp: Path, folder: Path, *, replace: bool = False) -> None:
         tmp.rename(folder)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (created, with its folder; never removed) for
+    the block: processes sharing a cache (jobs of one node, pytest-xdist workers) fill an entry
+    once instead of racing to write or fetch it. Released when the block ends or the process
+    dies."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

