@@ -4,9 +4,18 @@ Without a GPU the Triton kernels run under the interpreter; Triton reads TRITON_
 kernel is decorated, so it is set here, before any test module imports ``s2o.kernels``.
 """
 
+import ast
+import functools
 import os
+from pathlib import Path
 
-import torch
+# A pytest-xdist worker shares the cores with the others: torch's intra-op threads (one per core by
+# default) would oversubscribe them. Set before torch is imported; subprocesses of tests inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(share))
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -21,6 +30,52 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# Under pytest-xdist (`pytest -n 2`, the README's command) each worker builds its own module-scoped
+# fixtures. The tests that use one (a smoke run, a copy of results/, a model) go to one worker with
+# the others of their module that use one, so it is built once; the slurm tests too (one 2-CPU node,
+# one sweep at a time); every other test is sent on its own. (xdist's `--dist loadgroup` would do
+# this from marks, but under pytest 9.2 it no longer sees them: it renames `item._nodeid`, which
+# pytest no longer reads.)
+@functools.cache
+def _sharing(file: Path) -> frozenset[str]:
+    """The test functions of ``file`` that use a module-scoped fixture of it, directly or through
+    another of its fixtures (read from the source: xdist's scheduler sees node ids only)."""
+    funcs = [f for f in ast.parse(file.read_text()).body if isinstance(f, ast.FunctionDef)]
+    args = {f.name: {a.arg for a in f.args.args} for f in funcs}
+    shared = {f.name for f in funcs if any(_module_scoped(d) for d in f.decorator_list)}
+    fixtures = {f.name for f in funcs if any("fixture" in ast.unparse(d) for d in f.decorator_list)}
+    grown = True
+    while grown:  # a fixture that uses a shared one is shared
+        more = {name for name in fixtures - shared if args[name] & shared}
+        shared |= more
+        grown = bool(more)
+    return frozenset(name for name in args if name.startswith("test") and args[name] & shared)
+
+
+def _module_scoped(decorator: ast.expr) -> bool:
+    return isinstance(decorator, ast.Call) and any(
+        k.arg == "scope" and getattr(k.value, "value", None) in ("module", "session")
+        for k in decorator.keywords
+    )
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unused without it
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":  # the default of -n; another --dist is obeyed
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixturesOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path, _, rest = nodeid.partition("::")
+            if path.endswith("test_slurm.py"):
+                return path
+            test = rest.split("::")[0].split("[")[0]
+            return path if test in _sharing(config.rootpath / path) else nodeid
+
+    return SharedFixturesOnOneWorker(config, log)
 
 
 @pytest.fixture

@@ -340,7 +340,7 @@ def test_ranks_match_the_per_row_loop(q_perm, local_window, rows, evidence, devi
     assert not bool(got["walk_share"].isnan().any())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_probe_does_not_wait_for_the_gpu():
     """On CUDA tensors S2O's coverage and rank diagnostics queue their work without a host
     sync; the probe syncs once per layer, to copy its results to the CPU."""

@@ -27,20 +27,25 @@ def _read_all(folder: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """``(root, sections, files)``: a copy of results/ under ``root`` whose figures/ make_all
+    rebuilt from nothing, run from ``root`` as in a fresh clone; one build (about 30 s) that the
+    tests of the page read."""
     root = tmp_path_factory.mktemp("clone")
     _copy_results(root)
-    return root
+    shutil.rmtree(root / "results" / "figures")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        sections = make_all.main(["--results", "results"])
+    return root, sections, _read_all(root / "results" / "figures")
 
 
 def test_make_all_rebuilds_the_committed_page_and_is_deterministic(built, monkeypatch):
     """A fresh clone that runs make_all has no diff in results/figures/ (text files byte for byte,
     every committed figure rewritten), and a second run writes the same bytes."""
-    monkeypatch.chdir(built)
-    shutil.rmtree(built / "results" / "figures")
-    sections = make_all.main(["--results", "results"])
-    first = _read_all(built / "results" / "figures")
+    root, sections, first = built
+    monkeypatch.chdir(root)
     make_all.main(["--results", "results"])
-    second = _read_all(built / "results" / "figures")
+    second = _read_all(root / "results" / "figures")
     assert first == second, [k for k in first if first[k] != second.get(k)]
     committed = _read_all(ROOT / "results" / "figures")
     for name in ("README.md", "ablations.md"):
@@ -67,14 +72,13 @@ def test_make_all_rebuilds_the_committed_page_and_is_deterministic(built, monkey
         assert any(s.slug == slug and s.sources for s in sections), slug
 
 
-def test_the_readme_quotes_generated_lines_verbatim(built, monkeypatch):
+def test_the_readme_quotes_generated_lines_verbatim(built):
     """Every summary line the README or a page of docs/ quotes ("> ... tokens: ...", or a page's
     "what this page shows" line) is a line of
     the pages make_all generates from the pinned records, so a new record cannot leave a stale
     quote behind."""
-    monkeypatch.chdir(built)
-    make_all.main(["--results", "results"])
-    pages = "\n".join(p.read_text() for p in (built / "results" / "figures").glob("*.md"))
+    _, _, files = built  # the pages make_all generated from the pinned records
+    pages = "\n".join(text.decode() for name, text in files.items() if name.endswith(".md"))
     summary = "**What this page shows** (generated): "
     generated = {line[2:] for line in pages.splitlines() if line.startswith("- ")}
     generated |= {line.removeprefix(summary) for line in pages.splitlines()
