@@ -29,7 +29,7 @@ DIST = {  # import name -> distribution name
 # Declared but not imported by name: tools, Hydra launchers loaded through `_target_`, and what
 # transformers loads GGUF files with.
 NOT_IMPORTED = {
-    "pytest", "ruff", "hydra-submitit-launcher", "s2o",
+    "pytest", "pytest-xdist", "ruff", "hydra-submitit-launcher", "s2o",
     "accelerate", "lm-eval", "protobuf",  # protobuf: sentencepiece's model proto needs it
     "statsmodels",  # imported by tests only (tests/test_significance_intervals.py)
     # the qwen extra: Qwen2.5-Coder's GGUF in 22 parts, read as files by eval/models.py
