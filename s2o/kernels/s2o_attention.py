@@ -27,6 +27,11 @@ K and V tiles do not fit the shared memory). Stop decisions and statistics stay 
 ``block_m x block_n`` tile. ``CAUSAL=False``: Pass-1 covers the whole own segment and the walk
 ranks every key outside the window and the segment.
 
+The walking kernels take the K/V row strides as constexprs (one compile per layout: the gathered
+rows' addresses are then shifts, not multiplies) and ``EVEN`` (:func:`_even`: every ranked tile
+full), which drops the per-element column mask: a dead tile becomes the identity by per-row
+selects (``m`` kept, ``p = exp2(s - inf) = 0``), the same numbers in fewer instructions a tile.
+
 Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
 ``USE_QPERM`` (gather query rows through ``q_perm``), ``GATHER`` (gather key rows through
 ``kv_perm``; off = contiguous key tiles ``0..P-1``) and ``EARLY_STOP`` (stop-rule control flow).
@@ -167,13 +172,15 @@ def _load_kv_tile(K_head, V_head, KVP_row, stride_kl, stride_vl, start, P,
 
 
 @triton.jit
-def _scores(q, k, qk_scale, cols, lim, IEEE: tl.constexpr):
-    """``q k^T`` in the log2 domain, ``-inf`` at columns ``>= lim``."""
+def _scores(q, k, qk_scale, cols, lim, IEEE: tl.constexpr, MASKED: tl.constexpr = True):
+    """``q k^T`` in the log2 domain, ``-inf`` at columns ``>= lim`` (when MASKED)."""
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    return tl.where((cols < lim)[None, :], s * qk_scale, float("-inf"))
+    if MASKED:
+        return tl.where((cols < lim)[None, :], s * qk_scale, float("-inf"))
+    return s * qk_scale
 
 
 @triton.jit
@@ -270,7 +277,7 @@ def _ranked_walk(
     q, m_i, l_i, acc, K_head, V_head, KVP_row, stride_kl, stride_vl, P, row_ok, qk_scale, tau,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
-    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr,
+    STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """Pass-2 walk over ``ceil(P / BLOCK_N)`` ranked key tiles; returns the state and visits.
 
@@ -316,10 +323,15 @@ def _ranked_walk(
                     )  # fmt: skip
                     if KEEP_STOP:  # the previous tile's decision, while its P V is in flight
                         go = go & (tl.max(gains.to(tl.int32), 0) > 0)
-                    lim = P * go.to(tl.int32)  # 0 for a dead tile: every column masked
-                    s = _scores(q, k, qk_scale, j * BLOCK_N + cols0, lim, IEEE)
-                    m_new = tl.maximum(m_i, tl.max(s, 1))
-                    p = tl.math.exp2(s - m_new[:, None])
+                    if EVEN:  # every column is a key: a dead tile is made the identity per row
+                        s = _scores(q, k, qk_scale, cols0, BLOCK_N, IEEE, False)
+                        m_new = tl.where(go, tl.maximum(m_i, tl.max(s, 1)), m_i)
+                        p = tl.math.exp2(s - tl.where(go, m_new, float("inf"))[:, None])
+                    else:
+                        lim = P * go.to(tl.int32)  # 0 for a dead tile: every column masked
+                        s = _scores(q, k, qk_scale, j * BLOCK_N + cols0, lim, IEEE)
+                        m_new = tl.maximum(m_i, tl.max(s, 1))
+                        p = tl.math.exp2(s - m_new[:, None])
                     alpha = tl.math.exp2(m_i - m_new)
                     gain = tl.sum(p, 1)
                     l_old = l_i * alpha
@@ -374,8 +386,8 @@ def _ranked_walk(
             k, v, col_ok = _load_kv_tile(
                 K_head, V_head, KVP_row, stride_kl, stride_vl, j * SUB_N, P, SUB_N, HEAD_D, GATHER
             )
-            mask = col_ok[None, :]
-            m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, mask, True, IEEE)
+            m_i, l_i, acc = _tile_update(q, k, v, m_i, l_i, acc, qk_scale, col_ok[None, :],
+                                         not EVEN, IEEE)  # fmt: skip
         visited = n_tiles
     return m_i, l_i, acc, visited
 
@@ -470,13 +482,14 @@ def _s2o_pass1_kernel(
 @triton.jit
 def _s2o_pass2_kernel(
     Q, K, V, O, QP, KVP, M_buf, L_buf, O_buf, VISITED, WALK_KEYS,
-    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
-    stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl: tl.constexpr, stride_vb,
+    stride_vh, stride_vl: tl.constexpr, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W,
+    N_TILES, qk_scale, tau, MAX_P,
     TAIL, RANK_TAIL, TAIL_ROW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     USE_QPERM: tl.constexpr, GATHER: tl.constexpr, EARLY_STOP: tl.constexpr,
     KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, SUB_N: tl.constexpr, CAUSAL: tl.constexpr,
-    TOPK: tl.constexpr,
+    TOPK: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """Ranked walk with early stop for one query tile of ``Q_perm`` order; scatters the output.
 
@@ -510,7 +523,7 @@ def _s2o_pass2_kernel(
         stride_kl, stride_vl, P, row_ok,
         qk_scale, _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M), BLOCK_M, BLOCK_N, HEAD_D,
         GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
-        STOP_GROW, SUB_N,
+        STOP_GROW, SUB_N, EVEN,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -521,13 +534,14 @@ def _s2o_pass2_kernel(
 @triton.jit
 def _s2o_fused_kernel(
     Q, K, V, K_desc, V_desc, O, KVP, VISITED, WALK_KEYS,
-    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh,
-    stride_vl, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W, N_TILES, qk_scale, tau, MAX_P,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl: tl.constexpr, stride_vb,
+    stride_vh, stride_vl: tl.constexpr, stride_pb, stride_ph, stride_pn, L, H, GROUP, S, W,
+    N_TILES, qk_scale, tau, MAX_P,
     TAIL, RANK_TAIL, TAIL_ROW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     GATHER: tl.constexpr,
     EARLY_STOP: tl.constexpr, KEEP_STOP: tl.constexpr, IEEE: tl.constexpr,
     STOP_CHUNK: tl.constexpr, STOP_GROW: tl.constexpr, USE_DESC: tl.constexpr,
-    SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr,
+    SUB_N: tl.constexpr, CAUSAL: tl.constexpr, TOPK: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """Single pass, original query order: Pass-1 + window + ranked walk on one register state."""
     tile, bh, b, h, hk, a = _program_tile(H, GROUP, BLOCK_M)
@@ -557,7 +571,7 @@ def _s2o_fused_kernel(
         _walk_len(_ranked_len(seg_start, S, W, L, CAUSAL), MAX_P, WALK_KEYS, seg, TOPK), row_ok,
         qk_scale, _tile_tau(tau, a, seg_start, S, L, TAIL, BLOCK_M), BLOCK_M, BLOCK_N, HEAD_D,
         GATHER, EARLY_STOP, KEEP_STOP, IEEE, STOP_CHUNK,
-        STOP_GROW, SUB_N,
+        STOP_GROW, SUB_N, EVEN,
     )  # fmt: skip
     tl.store(VISITED + bh * N_TILES + tile, visited)
     out = acc / l_i[:, None]
@@ -595,6 +609,15 @@ def _walk_keys_table(L, segment_len, local_window, block_n, walk_budget, topk_ra
     tiles = [s2o_walk_tiles(L, s, segment_len, local_window, block_n, walk_budget, topk_ratio,
                             causal) for s in range(0, L, segment_len)]  # fmt: skip
     return torch.tensor([t * block_n for t in tiles], dtype=torch.int32, device=device)
+
+
+def _even(segment_len, local_window, block_n, walk_budget, walk_keys, causal) -> bool:
+    """Whether every ranked key tile of every walk is full (``EVEN``): a causal prefix
+    ``n*S - W`` of whole tiles, no walk budget or top-k cut. The walk then skips the per-element
+    column mask (a dead tile is made the identity per row), the same numbers with fewer
+    instructions a tile."""
+    return (bool(causal) and segment_len % block_n == 0 and local_window % block_n == 0
+            and walk_budget is None and walk_keys is None)  # fmt: skip
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -719,7 +742,8 @@ def s2o_pass2(
         *_rank_tail(L, segment_len, tail_rank, kv_perm), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=chunk, STOP_GROW=grow, SUB_N=sub_n,
-        CAUSAL=bool(causal), TOPK=walk_keys is not None, **cfg,
+        CAUSAL=bool(causal), TOPK=walk_keys is not None,
+        EVEN=_even(segment_len, local_window, block_n, walk_budget, walk_keys, causal), **cfg,
     )  # fmt: skip
     return out, visited
 
@@ -754,6 +778,7 @@ def s2o_fused(
         *_rank_tail(L, segment_len, tail_rank, kv_perm), BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_D=D, GATHER=gather, EARLY_STOP=early_stop, KEEP_STOP=_keep(stop_tile), IEEE=ieee,
         STOP_CHUNK=chunk, STOP_GROW=grow, USE_DESC=use_desc, SUB_N=sub_n, CAUSAL=bool(causal),
-        TOPK=walk_keys is not None, **cfg,
+        TOPK=walk_keys is not None,
+        EVEN=_even(segment_len, local_window, block_n, walk_budget, walk_keys, causal), **cfg,
     )  # fmt: skip
     return out, visited
