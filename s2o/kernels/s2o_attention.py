@@ -30,7 +30,9 @@ ranks every key outside the window and the segment.
 The walking kernels take the K/V row strides as constexprs (one compile per layout: the gathered
 rows' addresses are then shifts, not multiplies) and ``EVEN`` (:func:`_even`: every ranked tile
 full), which drops the per-element column mask: a dead tile becomes the identity by per-row
-selects (``m`` kept, ``p = exp2(s - inf) = 0``), the same numbers in fewer instructions a tile.
+selects (``m`` kept, ``p = exp2(s - inf) = 0``): the same decisions in fewer instructions a tile
+(the compiler may then contract ``s * scale - m`` into one FMA, so an output can differ from the
+masked walk's by rounding: one bf16 ulp in ``results/kernels/run10_h100/ab_54012af.json``).
 
 Constexpr switches used by the overhead decomposition (benchmarks/abcd.py):
 ``USE_QPERM`` (gather query rows through ``q_perm``), ``GATHER`` (gather key rows through
@@ -614,7 +616,7 @@ def _walk_keys_table(L, segment_len, local_window, block_n, walk_budget, topk_ra
 def _even(segment_len, local_window, block_n, walk_budget, walk_keys, causal) -> bool:
     """Whether every ranked key tile of every walk is full (``EVEN``): a causal prefix
     ``n*S - W`` of whole tiles, no walk budget or top-k cut. The walk then skips the per-element
-    column mask (a dead tile is made the identity per row), the same numbers with fewer
+    column mask (a dead tile is made the identity per row): the same decisions with fewer
     instructions a tile."""
     return (bool(causal) and segment_len % block_n == 0 and local_window % block_n == 0
             and walk_budget is None and walk_keys is None)  # fmt: skip
