@@ -9,13 +9,7 @@ import functools
 import os
 from pathlib import Path
 
-# A pytest-xdist worker shares the cores with the others: torch's intra-op threads (one per core by
-# default) would oversubscribe them. Set before torch is imported; subprocesses of tests inherit it.
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
-    os.environ.setdefault("OMP_NUM_THREADS", str(share))
-
-import torch  # noqa: E402
+import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
