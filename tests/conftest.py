@@ -2,6 +2,10 @@
 
 Without a GPU the Triton kernels run under the interpreter; Triton reads TRITON_INTERPRET when a
 kernel is decorated, so it is set here, before any test module imports ``s2o.kernels``.
+
+MKL's code path is pinned (``MKL_CBWR=COMPATIBLE``, read when torch loads MKL, so before the
+import): on a CPU with AVX-512 MKL otherwise rounds float64 products differently, and the pinned
+digests of tests/test_synthetic_pin.py hold on one kind of CPU only.
 """
 
 import ast
@@ -9,7 +13,9 @@ import functools
 import os
 from pathlib import Path
 
-import torch
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
