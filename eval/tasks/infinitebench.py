@@ -349,22 +349,26 @@ def generate_retrieval(
         depth = round(num_noise * d / (n_depths - 1)) if n_depths > 1 else num_noise // 2
         eg = _retrieval_example(name, num_noise, depth, _key(name, rng))
         text, prefix = prompt(eg)
-        out.append(
-            dict(
-                id=f"infinitebench/{task}/{length}/{seed}/{i}",
-                task=task,
-                index=i,
-                length=length,
-                input=text,
-                answer_prefix=prefix,
-                outputs=eg["answer"],
-                max_new_tokens=MAX_NEW_TOKENS[name],
-                prompt_family=family,
-                prompt_tokens=fmt.n_tokens(text + prefix),
-                depth=depth / num_noise,
-            )
-        )
+        out.append(_sample(task, length, seed, i, text, prefix, eg["answer"], name, family, fmt,
+                           depth / num_noise))  # fmt: skip
     return out
+
+
+def _sample(task, length, seed, i, text, prefix, outputs, name, family, fmt, depth) -> dict:
+    """One generated sample's row (both generated-task families write the same fields)."""
+    return dict(
+        id=f"infinitebench/{task}/{length}/{seed}/{i}",
+        task=task,
+        index=i,
+        length=length,
+        input=text,
+        answer_prefix=prefix,
+        outputs=outputs,
+        max_new_tokens=MAX_NEW_TOKENS[name],
+        prompt_family=family,
+        prompt_tokens=fmt.n_tokens(text + prefix),
+        depth=depth,
+    )
 
 
 # ---------------------------------------------------------------- KV- and Math.Find-style
@@ -459,21 +463,9 @@ def generate_drawn(
         size = fit_size(lambda k: fmt.n_tokens("".join(prompt(k))), budget, 1, budget // 64)
         eg, depth = make(size)
         text, prefix = prompt(size)
-        out.append(
-            dict(
-                id=f"infinitebench/{task}/{length}/{seed}/{i}",
-                task=task,
-                index=i,
-                length=length,
-                input=text,
-                answer_prefix=prefix,
-                outputs=gold(eg, name) if name == "math_find" else eg["answer"],
-                max_new_tokens=MAX_NEW_TOKENS[name],
-                prompt_family=family,
-                prompt_tokens=fmt.n_tokens(text + prefix),
-                depth=depth,
-            )
-        )
+        out.append(_sample(task, length, seed, i, text, prefix,
+                           gold(eg, name) if name == "math_find" else eg["answer"], name, family,
+                           fmt, depth))  # fmt: skip
     return out
 
 
