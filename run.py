@@ -240,10 +240,21 @@ def refusal(cfg: DictConfig) -> str | None:
     """Why the job of ``cfg`` (a composed config with its ``hydra`` node) would be refused before
     it computes, in one line; None when :func:`check` passes."""
     try:
-        check(cfg, job_context(cfg))
+        _, resolved, path = check(cfg, job_context(cfg))
+        if reusable(resolved, path)[0] is None:
+            check_sources(resolved)
     except REFUSALS as exc:
         return one_line(exc)
     return None
+
+
+def check_sources(resolved: dict) -> None:
+    """The data the kind reads can be had (kind=accuracy: a hub dataset with no file given needs
+    the hub or its cache, experiments.accuracy.check_sources), asked of a point that will compute
+    (one with a reusable record reads none, offline too): a :class:`ConfigError` before any
+    model loads."""
+    kind = importlib.import_module(f"experiments.{resolved['kind']}")
+    getattr(kind, "check_sources", lambda resolved: None)(resolved)
 
 
 def typed_names(message: str, overrides: list[str]) -> str:
@@ -291,6 +302,7 @@ def run_job(cfg: DictConfig, ctx: JobContext | None = None) -> dict:
         else:
             print(f"skip: {path} exists with status ok")
         return {"status": "ok", "skipped": True, "path": str(path), "stale": done.get("stale")}
+    check_sources(resolved)
     kind = importlib.import_module(f"experiments.{resolved['kind']}")
     logger = WandbLogger(resolved["wandb"], resolved, name=f"{resolved['name']}-{path.parent.name}")
     try:

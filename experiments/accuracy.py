@@ -32,9 +32,10 @@ minute and time left, on the tqdm bar with ``progress=true``, else one line on s
 
 Refused before the model loads (:func:`check_job`, one line from run.py, exit code 2): an unknown
 benchmark or task, a length that is not a positive int or exceeds the model's context
-(:func:`eval.models.context`), RULER without ``benchmark.n``. Ctrl-C ends the job with one line
-(samples saved, the command that resumes) and exit code 130; a rerun says how many samples it
-resumed.
+(:func:`eval.models.context`), RULER without ``benchmark.n``, a data file that does not exist, a
+hub dataset with no file given when the hub cannot be reached (:func:`check_sources`). Ctrl-C
+ends the job with one line (samples saved, the command that resumes) and exit code 130; a rerun
+says how many samples it resumed.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from eval import models
 from eval.evidence import EvidenceProbe, locate
 from eval.significance import score_interval
 from eval.tasks import base as tasks
+from eval.tasks.common import hub_refusal
 from eval.tasks.ruler.common import PromptFormat
 from s2o.hf import sparse_prefill
 
@@ -108,6 +110,19 @@ def check_data_files(bench: dict) -> None:
     for key, value in sorted((bench.get("data") or {}).items()):
         if isinstance(value, str) and value and not Path(value).exists():
             raise ConfigError(f"benchmark.data.{key}={value}: no such file or folder")
+
+
+def check_sources(resolved: dict) -> None:
+    """Every hub dataset the job's samples would load (no file at ``benchmark.data.<key>``:
+    :meth:`eval.tasks.base.Task.hub_data`) can be had, found without the hub's retries (one
+    request at most, none offline or with the set cached): a :class:`ConfigError` naming the key
+    and how to supply the file. run.py asks it of a point that will compute, before its model
+    loads (a point with an ok record reads no data)."""
+    bench = resolved["benchmark"]
+    for key, repo_id, how in task_of(bench).hub_data(bench):
+        why = hub_refusal(repo_id)
+        if why:
+            raise ConfigError(f"benchmark.data.{key}: no file given and {why}; {how}")
 
 
 @contextmanager

@@ -4,6 +4,8 @@ In-process and fast: composed configs, no model loads."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from harness_util import CONF
 
@@ -79,6 +81,137 @@ def test_a_missing_benchmark_data_file_is_named_before_any_load(tmp_path, monkey
     qa = [*ACCURACY[:3], "benchmark.tasks=[qa_1]", f"benchmark.data.squad={missing}"]
     why = _refusal(qa, tmp_path)
     assert why == f"benchmark.data.squad={missing}: no such file or folder", why
+
+
+QA = [*ACCURACY[:3], "benchmark.tasks=[qa_1]", "benchmark.n=1"]  # SQuAD: no file, so the hub
+
+
+@pytest.fixture
+def no_hub(tmp_path, monkeypatch):
+    """No network and empty Hugging Face caches: the hub's one request is refused (each is
+    counted), a model load or a ``datasets`` download fails the test."""
+    import importlib.util
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    import eval.models
+    from eval.tasks import common
+
+    if importlib.util.find_spec("datasets") is None:
+        pytest.skip("without `datasets` the hub is never tried (test_no_datasets_package...)")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf"))
+    for var in ("HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(eval.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    requests = []
+
+    def urlopen(request, timeout):
+        requests.append((request.full_url, timeout))
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    common.hub_unreachable.cache_clear()
+    yield requests
+    common.hub_unreachable.cache_clear()
+
+
+def test_a_hub_dataset_is_refused_before_any_load_without_retries(no_hub, tmp_path):
+    """qa_1 with no SQuAD file and no hub: one line naming ``benchmark.data.squad`` and how to
+    supply the file, after one request with no retry (``datasets`` spent 26 s on 5 retries and
+    about 20 warning lines, after the model load); a sweep's points share that request."""
+    from eval.tasks.ruler.qa import HOW_TO_GET
+
+    why = _refusal(QA, tmp_path)
+    assert why == (
+        "benchmark.data.squad: no file given and rajpurkar/squad_v2 is not in the local cache "
+        "and the hub (https://huggingface.co) does not answer: [Errno -2] Name or service not "
+        f"known; {HOW_TO_GET['squad']}"
+    ), why
+    assert no_hub == [("https://huggingface.co", 3.0)]
+    assert _refusal([*QA, "seed=1"], tmp_path) == why and len(no_hub) == 1
+
+
+def test_offline_asks_nothing_and_a_cached_set_or_file_passes(no_hub, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    why = _refusal(QA, tmp_path)
+    assert why.startswith("benchmark.data.squad: no file given and rajpurkar/squad_v2 is not "
+                          "in the local cache and the hub is offline (HF_HUB_OFFLINE is set); "
+                          "SQuAD v2 dev: dev-v2.0.json"), why  # fmt: skip
+    squad = tmp_path / "dev-v2.0.json"
+    squad.write_text("{}")
+    assert _refusal([*QA, f"benchmark.data.squad={squad}"], tmp_path) is None
+    (Path(constants.HF_HUB_CACHE) / "datasets--rajpurkar--squad_v2").mkdir(parents=True)
+    assert _refusal(QA, tmp_path) is None
+    assert no_hub == []
+
+
+def test_samples_cached_from_the_hub_let_the_job_through(no_hub, tmp_path, monkeypatch):
+    """RULER's qa samples made from the hub and cached (by some tokenizer) need no hub."""
+    import json
+
+    from eval.tasks.ruler import GENERATOR_VERSION
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cache = tmp_path / "cache"
+    job = [*QA, "benchmark.lengths=[1024,2048]", f"benchmark.cache_dir={cache}"]
+    folder = cache / "ruler" / "qa_1"
+    folder.mkdir(parents=True)
+    for length in (1024, 2048):
+        key = dict(benchmark="ruler", task="qa_1", length=length, tokenizer="t", seed=42, n=1,
+                   version=GENERATOR_VERSION, data={"squad": "hub"})  # fmt: skip
+        assert _refusal(job, tmp_path) is not None  # not every length cached yet
+        (folder / f"{length}.key.json").write_text(json.dumps(key))
+    assert _refusal(job, tmp_path) is None
+
+
+def test_a_point_with_an_ok_record_is_not_refused_offline(no_hub, tmp_path, monkeypatch):
+    """Its data is not read (the job is skipped): a finished sweep reruns offline."""
+    import json
+
+    from harness_util import compose
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = compose([*QA, "wandb.mode=disabled", f"results_dir={tmp_path}"])
+    path = run.check(cfg, run.job_context(cfg))[2]
+    assert run.refusal(cfg) is not None
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"status": "ok", "id": path.parent.name}))
+    assert run.refusal(cfg) is None
+
+
+def test_no_datasets_package_is_refused_without_a_request(tmp_path, monkeypatch):
+    import importlib.util
+
+    from eval.tasks import common
+
+    find_spec = importlib.util.find_spec
+
+    def no_datasets(name, *args):
+        return None if name == "datasets" else find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_datasets)
+    monkeypatch.setattr(common, "hub_unreachable", lambda: pytest.fail("the hub was asked"))
+    why = _refusal(QA, tmp_path)
+    assert why.startswith("benchmark.data.squad: no file given and the `datasets` package is "
+                          "not installed; SQuAD v2 dev"), why  # fmt: skip
+
+
+def test_the_command_line_refuses_an_offline_hub_dataset_in_one_line(tmp_path, monkeypatch):
+    from harness_util import run_cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+    out = run_cli([*QA, "method=full"], tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.startswith("error: benchmark.data.squad: no file given and "), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not list(tmp_path.rglob("record.json"))
 
 
 def test_model_path_may_name_the_gguf_file(tmp_path):

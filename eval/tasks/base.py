@@ -6,6 +6,7 @@ A task owns its samples (with their prompts), its metric and its aggregation; th
 
 >>> task = get(bench["name"])        # bench: the job's ``benchmark`` block (conf/benchmark/*.yaml)
 >>> task.check(bench)                # before the model loads; TaskConfigError names the key
+>>> task.hub_data(bench)             # the hub sets the samples would load (checked before too)
 >>> for s in task.samples(bench, fmt):
 ...     first = generate(s["prompt"], s["max_new_tokens"])
 ...     gen = task.second_turn(s, first, ask)      # LongBench v2's CoT answer turn, else ``first``
@@ -44,6 +45,13 @@ class Task:
     def check(self, bench: dict) -> None:
         """Refuse, before the model loads, a ``bench`` that cannot run: a
         :class:`TaskConfigError` naming the key."""
+
+    def hub_data(self, bench: dict) -> list[tuple[str, str, str]]:
+        """The hub datasets the samples would load, each ``(key, repo_id, how)``: no file is given
+        at ``benchmark.data.<key>``, so ``datasets`` fetches ``repo_id``; ``how`` says how to supply
+        the file. The runner refuses, before the model loads, one that cannot be had
+        (:func:`eval.tasks.common.hub_refusal`). Default: none."""
+        return []
 
     def lengths(self, bench: dict) -> list:
         """The target prompt lengths (tokens) the samples are made to, which the runner checks

@@ -1,9 +1,14 @@
-"""Shared by the fixed-data benchmarks: middle truncation in model tokens and line-numbered
-reading of JSON lines."""
+"""Shared by the fixed-data benchmarks: middle truncation in model tokens, line-numbered
+reading of JSON lines, and whether a hub dataset can be had (:func:`hub_refusal`)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
+import os
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,3 +69,49 @@ def local_or_hub(
         except Exception as e:
             raise FileNotFoundError(f"{hint} (the hub failed: {e})") from e
     return rows if n is None else rows[:n]
+
+
+HUB_PROBE_TIMEOUT_S = 3.0  # one request, no retry: `datasets` itself retries for ~26 s offline
+
+
+def hub_refusal(repo_id: str) -> str | None:
+    """Why ``datasets.load_dataset(repo_id)`` cannot work on this machine, found without a retry,
+    or None: no ``datasets`` package; else, unless the set is in the local Hugging Face cache
+    (:func:`hub_cached`), the hub is offline (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) or
+    does not answer one request (:func:`hub_unreachable`)."""
+    if importlib.util.find_spec("datasets") is None:
+        return "the `datasets` package is not installed"
+    if hub_cached(repo_id):
+        return None
+    why = hub_unreachable()
+    return f"{repo_id} is not in the local cache and the hub {why}" if why else None
+
+
+def hub_cached(repo_id: str) -> bool:
+    """Whether the hub dataset ``repo_id`` has a folder in this machine's caches: the hub's
+    downloads (``HF_HUB_CACHE``) or ``datasets``'s prepared sets (``HF_DATASETS_CACHE``)."""
+    from huggingface_hub import constants
+
+    downloads = Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}"
+    prepared = Path(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets")
+    return downloads.is_dir() or (prepared / repo_id.replace("/", "___")).is_dir()
+
+
+@functools.lru_cache(maxsize=1)  # a sweep's preflight asks once per point: one request in all
+def hub_unreachable() -> str | None:
+    """Why the hub cannot be reached (``"is offline (HF_HUB_OFFLINE is set)"``, ``"(<endpoint>)
+    does not answer: <reason>"``), from the environment or one request with no retry; None when
+    it answers (any HTTP status)."""
+    from huggingface_hub import constants
+
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "").upper() in {"1", "ON", "YES", "TRUE"}:
+            return f"is offline ({var} is set)"
+    request = urllib.request.Request(constants.ENDPOINT, method="HEAD")
+    try:
+        urllib.request.urlopen(request, timeout=HUB_PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (OSError, ValueError) as e:
+        return f"({constants.ENDPOINT}) does not answer: {getattr(e, 'reason', e)}"
+    return None

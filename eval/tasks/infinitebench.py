@@ -486,6 +486,15 @@ class InfiniteBench(Task):
             except KeyError as e:
                 raise TaskConfigError(f"benchmark.tasks: {e.args[0]}") from None
 
+    def hub_data(self, bench: dict) -> list[tuple[str, str, str]]:
+        """The hub set when a task that is not generated has no ``benchmark.data.dir``."""
+        loaded = [t for t in bench.get("tasks") or [] if t not in GENERATED_TASKS]
+        if not loaded or dict(bench.get("data") or {}).get("dir"):
+            return []
+        files = ", ".join(f"{data_name(t)}.jsonl" for t in loaded)
+        how = f"download {files} of {HUB_ID} into DIR and set benchmark.data.dir=DIR in conf/local/"
+        return [("dir", HUB_ID, how)]
+
     def lengths(self, bench: dict) -> list:
         tasks = list(bench.get("tasks") or [])
         return list(bench["lengths"]) if any(t in GENERATED_TASKS for t in tasks) else []

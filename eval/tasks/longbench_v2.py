@@ -208,6 +208,12 @@ class LongBenchV2(Task):
 
     name = "longbench_v2"
 
+    def hub_data(self, bench: dict) -> list[tuple[str, str, str]]:
+        if dict(bench.get("data") or {}).get("path"):
+            return []
+        how = f"download data.json of {HUB_ID} and set benchmark.data.path=FILE in conf/local/"
+        return [("path", HUB_ID, how)]
+
     def samples(self, bench: dict, fmt) -> list[dict]:
         items = load(dict(bench.get("data") or {}).get("path"), bench["n"])
         cot = bool(bench.get("cot"))

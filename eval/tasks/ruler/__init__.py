@@ -20,6 +20,7 @@ vt has no such shuffle. Each task module's docstring says which of its draws is 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ... import metrics
@@ -153,6 +154,21 @@ def load_samples(
     return cached_samples(key, lambda: generate(task, length, fmt, n, seed, data), cache_dir)
 
 
+def _cached_from_hub(task: str, dataset: str, bench: dict) -> bool:
+    """Whether :func:`load_samples` cached samples of ``task`` made from the hub's ``dataset`` at
+    every length of ``bench`` with its seed and n (any tokenizer)."""
+    if not bench.get("cache_dir"):
+        return False
+    want = dict(benchmark="ruler", task=task, seed=bench.get("seed"), n=bench.get("n"),
+                version=GENERATOR_VERSION, data={dataset: "hub"})  # fmt: skip
+    got = set()
+    for path in (Path(bench["cache_dir"]) / "ruler" / task).glob("*.key.json"):
+        key = json.loads(path.read_text())
+        if all(key.get(k) == v for k, v in want.items()):
+            got.add(key.get("length"))
+    return set(bench.get("lengths") or []) <= got
+
+
 @register
 class Ruler(Task):
     """RULER as a benchmark task: samples from :func:`load_samples` (cached), each task's own
@@ -174,6 +190,17 @@ class Ruler(Task):
                 f"benchmark.tasks {need} need PyPI `{pkg}`, which is not installed: "
                 "pip install -e '.[bench]' (or carry its wheel to a machine without network)"
             )
+
+    def hub_data(self, bench: dict) -> list[tuple[str, str, str]]:
+        """qa_1's SQuAD and qa_2's HotpotQA when no file is given for them, unless samples made
+        from the hub are cached for the task at the job's lengths, seed and n (by some tokenizer:
+        the model's is not known before it loads, so such a job is let through)."""
+        data, out = dict(bench.get("data") or {}), []
+        for task in bench.get("tasks") or []:
+            name = TASKS[task].args.get("dataset") if TASKS[task].family == "qa" else None
+            if name and not data.get(name) and not _cached_from_hub(task, name, bench):
+                out.append((name, qa.HUB_IDS[name], qa.HOW_TO_GET[name]))
+        return out
 
     def lengths(self, bench: dict) -> list:
         return list(bench["lengths"])

@@ -21,6 +21,7 @@ from pathlib import Path
 from .common import PromptFormat, fit_sample, fit_size, fixed_shuffle
 from .templates import DOCUMENT, FAMILIES
 
+HUB_IDS = {"squad": "rajpurkar/squad_v2", "hotpotqa": "hotpotqa/hotpot_qa"}
 HOW_TO_GET = {
     "squad": "SQuAD v2 dev: dev-v2.0.json from the SQuAD site "
     "(rajpurkar.github.io/SQuAD-explorer), "
@@ -106,7 +107,7 @@ def _from_hub(dataset: str):
         ) from e
     try:
         if dataset == "squad":
-            rows = datasets.load_dataset("rajpurkar/squad_v2", split="validation")
+            rows = datasets.load_dataset(HUB_IDS["squad"], split="validation")
             by_title: dict[str, dict] = {}
             for r in rows:
                 art = by_title.setdefault(r["title"], {"paragraphs": {}})
@@ -123,7 +124,7 @@ def _from_hub(dataset: str):
             return _squad_from_articles(
                 [{"paragraphs": list(a["paragraphs"].values())} for a in by_title.values()]
             )
-        rows = datasets.load_dataset("hotpotqa/hotpot_qa", "distractor", split="validation")
+        rows = datasets.load_dataset(HUB_IDS["hotpotqa"], "distractor", split="validation")
         items = [
             {
                 "question": r["question"],
