@@ -431,6 +431,65 @@ def unknown_option(argv: list[str]) -> str | None:
     return None
 
 
+class _ArgvError(Exception):
+    """argparse's error message, raised instead of its usage and exit."""
+
+
+def options_first(argv: list[str]) -> list[str]:
+    """``argv`` with Hydra's options (and their values) before the overrides (``--info`` without
+    its value after them), each group in its order: argparse refuses overrides on both sides of
+    an option (``tau=0.01 -m S=64`` printed its usage and exited 2), Hydra reads the two apart,
+    so the order between them means nothing. Unchanged when it holds ``--``."""
+    from hydra._internal.utils import get_args_parser
+
+    actions = get_args_parser()._option_string_actions
+    if "--" in argv:
+        return list(argv)
+    options, overrides, last, rest = [], [], [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("-"):
+            overrides.append(arg)
+            continue
+        action = actions.get(arg)
+        if action is None:  # --flag=value, or not Hydra's (refused by unknown_option)
+            options.append(arg)
+            continue
+        optional = action.nargs == "?"
+        takes = action.nargs is None or (
+            optional and rest and not rest[0].startswith("-")
+            and (action.choices is None or rest[0] in action.choices)
+        )  # fmt: skip
+        if takes and rest:
+            options += [arg, rest.pop(0)]
+        else:  # an optional value not given: last, where no override can be taken for it
+            (last if optional else options).append(arg)
+    return options + overrides + last
+
+
+def argv_error(argv: list[str]) -> str | None:
+    """argparse's complaint about ``argv`` (a missing or invalid option value: it would print its
+    usage and exit 2), or Hydra's about two commands (``-m --cfg job``: a traceback), as one
+    line; None when Hydra takes ``argv``."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def error(message: str):
+        raise _ArgvError(message)
+
+    parser.error = error
+    try:
+        args = parser.parse_args(argv)
+    except _ArgvError as exc:
+        return str(exc)
+    commands = [args.run, args.multirun, args.cfg is not None, args.info is not None,
+                args.shell_completion]  # fmt: skip
+    if sum(map(bool, commands)) > 1:  # Hydra raises a ValueError with its traceback
+        return "only one of --run, --multirun, --cfg, --info and --shell-completion at a time"
+    return None
+
+
 def job(cfg: DictConfig) -> dict:
     """One job as ``python run.py`` runs it: a refusal is one line and exit code 2, Ctrl-C one line
     and exit code 130, a failed point exit code 1 (outside a multirun)."""
@@ -456,7 +515,8 @@ def main(cfg: DictConfig) -> dict:
 if __name__ == "__main__":
     import hydra._internal.utils as hydra_internal  # run_and_report: Hydra's error printer
 
-    if (bad := unknown_option(sys.argv[1:])) is not None:
+    sys.argv[1:] = options_first(sys.argv[1:])  # -m may follow the overrides
+    if (bad := unknown_option(sys.argv[1:]) or argv_error(sys.argv[1:])) is not None:
         print(f"error: {bad}", file=sys.stderr)
         sys.exit(2)
     hydra_internal.run_and_report = one_line_errors(hydra_internal.run_and_report)

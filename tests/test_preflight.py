@@ -282,6 +282,34 @@ def test_an_unknown_option_is_one_line_with_a_close_match():
     assert why.startswith("--multrun: no such option (did you mean '--multirun'?)"), why
 
 
+def test_m_after_the_overrides_starts_the_sweep(tmp_path):
+    """``tau=abc,0.01 -m S=64``: argparse refused overrides on both sides of an option (its
+    8-line usage, exit 2); Hydra's options go first, so it is the sweep ``-m tau=abc,0.01 S=64``
+    (here refused before job #0: its bad point is named)."""
+    from harness_util import run_cli
+
+    assert run.options_first(["tau=0.01", "-m", "S=64"]) == ["-m", "tau=0.01", "S=64"]
+    assert run.options_first(["tau=1", "-c", "job", "S=2", "--info", "x=1"]) == [
+        "-c", "job", "tau=1", "S=2", "x=1", "--info"]  # fmt: skip
+    assert run.options_first(["tau=1", "--info", "plugins"]) == ["--info", "plugins", "tau=1"]
+    out = run_cli(["tau=abc,0.01", "-m", "S=64"], tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    err = out.stderr.splitlines()
+    assert err[0].startswith("error: sweep not started: 1 of 2 points refused"), err
+    assert err[1] == "  #0 tau=abc: tau='abc' must be a number", err
+    assert not list(tmp_path.rglob("record.json"))
+
+
+def test_a_bad_option_value_is_one_line():
+    """argparse printed its usage for these, Hydra a traceback for two commands."""
+    bad = "argument --cfg/-c: invalid choice: 'jobs' (choose from 'job', 'hydra', 'all')"
+    assert run.argv_error(["--cfg", "jobs"]) == bad
+    assert run.argv_error(["tau=1", "--cfg"]) == "argument --cfg/-c: expected one argument"
+    two = "only one of --run, --multirun, --cfg, --info and --shell-completion at a time"
+    assert run.argv_error(["-m", "--cfg", "job", "tau=1"]) == two
+    assert run.argv_error(["-m", "tau=1", "S=64"]) is None
+
+
 def test_a_job_error_and_a_failed_sweep_stay_hydras_to_report():
     from hydra_plugins.s2o_launchers.report import SweepFailed
 
