@@ -42,6 +42,7 @@ def s2o_attention(
     topk_ratio: float | None = None,
     dense_tail: int = 0,
     tail_rank: int = 0,
+    mean_correction: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
     """S2O sparse prefill attention, causal by default: ``sparse_attention("s2o", q, k, v,
     **knobs)`` (the canonical entry point, which also takes ``step1_sort`` and ``launch``), with
@@ -82,6 +83,10 @@ def s2o_attention(
         tail_rank: a named variant, not the paper's method (:mod:`s2o.tail_rank`; 0: off): the
             query tiles holding the last ``tail_rank`` rows walk their prefix ranked by the
             tail's own mean query, with the normal stop rule; their tiles count in the density.
+        mean_correction: a named variant, not the paper's method (:mod:`s2o.mean_correction`;
+            False: off): the ranked keys a query tile's walk skipped enter its softmax as the
+            mean key and value of each ranked tile of ``block_n`` keys (``n`` copies each).
+            Reference path only: refused where ``impl`` resolves to ``'triton'``.
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     Raises:

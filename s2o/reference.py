@@ -52,6 +52,10 @@ Definitions (the kernels follow them exactly):
 * **Fused variant (appendix algorithm).** No query reordering; Pass-1, local window and the ranked
   walk run back to back on one state. Arithmetically it is Pass-2 with ``q_perm=False``; the fused
   kernel only keeps ``(m, l, acc)`` in registers instead of HBM buffers.
+* **Mean correction** (``mean_correction=True``, a named variant, not the paper's method:
+  :mod:`s2o.mean_correction`). After its walk, a Pass-2 query tile's softmax also takes every
+  ranked tile (``block_n`` keys of its ranked prefix, in walk order) that the walk did not take,
+  as one logit ``scale * q . K̄ + log(n)`` with value ``V̄`` (``n`` keys, fp32 means).
 * **Statistics.** A processed tile is one ``block_m x block_n`` query-key tile whose ``Q K^T`` was
   computed: Pass-1 tiles (window + own segment, causal, fully masked tiles skipped) plus the key
   tiles each Pass-2 query tile visited. Density = processed / :func:`dense_causal_tile_count`.
@@ -64,6 +68,7 @@ import math
 import torch
 
 from .dense_tail import forced_tiles, tail_last
+from .mean_correction import merge_pooled
 from .stats import (
     AttentionStats,
     _cdiv,
@@ -194,7 +199,9 @@ def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_
         ranked: ``[B, H, P]`` key positions in walk order.
         forced: query tiles that never stop (``dense_tail``).
     Returns:
-        visited: ``[B, H, T]`` key tiles each query tile processed (the discarded one included).
+        visited: ``[B, H, T]`` key tiles each query tile processed (the discarded one included);
+        taken: ``[B, H, T]`` those whose keys entered the output (``visited`` less a discarded
+        one), a prefix of the walk.
     """
     m, l, acc = state
     B, H, R, D = q_rows.shape
@@ -203,6 +210,7 @@ def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_
     valid = torch.arange(n_tiles * block_m, device=q_rows.device).view(n_tiles, block_m) < R
     active = torch.ones(B, H, n_tiles, dtype=torch.bool, device=q_rows.device)
     visited = torch.zeros(B, H, n_tiles, dtype=torch.long, device=q_rows.device)
+    taken = torch.zeros_like(visited)
     never_stop = torch.zeros(n_tiles, dtype=torch.bool, device=q_rows.device)
     never_stop[list(forced)] = True
     for j in range(_cdiv(ranked.shape[-1], block_n)):
@@ -224,6 +232,7 @@ def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_
             keep_tile = active
         visited += active.long()
         take = active if keep_stop_tile else keep_tile
+        taken += take.long()
         active = keep_tile
         keep = take.repeat_interleave(block_m, dim=-1)[..., :R]
         alpha = torch.exp(m - m_new)
@@ -231,20 +240,35 @@ def _pass2_walk(q_rows, state, k, v, ranked, block_m, block_n, tau, scale, keep_
         l.copy_(torch.where(keep, l_old + gain, l))
         upd = acc * alpha[..., None] + torch.einsum("bhrt,bhtd->bhrd", p, vt)
         acc.copy_(torch.where(keep[..., None], upd, acc))
-    return visited
+    return visited, taken
 
 
-def _walk_split(q_rows, state, k, v, ranked, ranked_tail, cut, walk):
+def _walk_split(q_rows, state, k, v, ranked, ranked_tail, cut, walk, pooled=(None, None)):
     """:func:`_pass2_walk` for a segment whose walk slots from ``cut`` (a tile boundary) on walk
     ``ranked_tail`` (``tail_rank``): the two groups of tiles walk apart, each tile stopping on
-    its own as always. ``state`` is updated in place through views."""
+    its own as always. ``state`` is updated in place through views. ``pooled``: each group's
+    whole ranked prefix for ``mean_correction`` (None: off). Returns ``(visited, pooled
+    tiles)`` per query tile (the latter None when off)."""
     parts = []
-    for rows, order in ((slice(0, cut), ranked), (slice(cut, None), ranked_tail)):
+    groups = ((slice(0, cut), ranked, pooled[0]), (slice(cut, None), ranked_tail, pooled[1]))
+    for rows, order, prefix in groups:
         if rows.stop == 0:
             continue
         part = [x[:, :, rows] for x in state]
-        parts.append(_pass2_walk(q_rows[:, :, rows], part, k, v, order, *walk))
-    return torch.cat(parts, dim=-1)
+        parts.append(_walk(q_rows[:, :, rows], part, k, v, order, walk, prefix))
+    visited, merged = zip(*parts, strict=True)
+    return torch.cat(visited, dim=-1), None if merged[0] is None else torch.cat(merged, dim=-1)
+
+
+def _walk(q_rows, state, k, v, ranked, walk, pooled=None):
+    """:func:`_pass2_walk`, then (``pooled``: the whole ranked prefix, ``mean_correction``) the
+    ranked tiles the walk did not take merged through their means
+    (:func:`s2o.mean_correction.merge_pooled`). Returns ``(visited, pooled tiles or None)``."""
+    visited, taken = _pass2_walk(q_rows, state, k, v, ranked, *walk)
+    if pooled is None:
+        return visited, None
+    block_m, block_n, _, scale = walk[:4]
+    return visited, merge_pooled(q_rows, state, k, v, pooled, taken, block_m, block_n, scale)
 
 
 def s2o_reference(
@@ -266,6 +290,7 @@ def s2o_reference(
     topk_ratio: float | None = None,
     dense_tail: int = 0,
     tail_rank: int = 0,
+    mean_correction: bool = False,
 ) -> tuple[torch.Tensor, AttentionStats]:
     """S2O attention (Step 1 + Pass-1 + Pass-2) in plain PyTorch; inputs are assumed validated.
 
@@ -289,10 +314,15 @@ def s2o_reference(
             last ``tail_rank`` rows walk their segment's tail row of ``kv_perm`` (ranked by the
             tail's own mean query) with the normal stop rule; ``perms`` must then come from
             Step 1 with the same ``tail_rank``.
+        mean_correction: a named variant (:mod:`s2o.mean_correction`, False: off): the ranked
+            tiles of a query tile's prefix that its walk did not take enter its softmax as
+            ``n`` copies of their mean key and mean value.
     Returns:
         out ``[B, Hq, L, D]`` in q's dtype, and :class:`AttentionStats` whose ``extra`` holds
         ``pass2_tiles`` ``[B, Hq, n_query_tiles]`` (key tiles visited per Pass-2 query tile, in
-        segment then walk order), ``pass2_tiles_max`` ``[n_query_tiles]`` and ``pass1_tiles``.
+        segment then walk order), ``pass2_tiles_max`` ``[n_query_tiles]`` and ``pass1_tiles``;
+        with ``mean_correction`` also ``pooled_tiles`` ``[B, Hq, n_query_tiles]`` (ranked tiles
+        merged through their means per query tile).
     """
     B, Hq, L, D = q.shape
     refuse_topk_with_early_stop(topk_ratio, tau)
@@ -307,7 +337,7 @@ def s2o_reference(
     kf = k.float().repeat_interleave(group, dim=1)
     vf = v.float().repeat_interleave(group, dim=1)
     out = torch.empty(B, Hq, L, D, dtype=torch.float32, device=q.device)
-    visited = []
+    visited, merged = [], []
     for n, (s, e) in enumerate(segment_ranges(L, segment_len)):
         m, l, acc = _pass1_state(qf[:, :, s:e], kf, vf, s, local_window, scale, causal)
         order = (
@@ -319,23 +349,29 @@ def s2o_reference(
         q_rows = torch.gather(qf, 2, order[..., None].expand(-1, -1, -1, D))
         tiles = s2o_walk_tiles(L, s, segment_len, local_window, block_n, walk_budget, topk_ratio,
                                causal)  # fmt: skip
-        prefix = min(s2o_ranked_len(L, s, segment_len, local_window, causal), tiles * block_n)
+        whole = s2o_ranked_len(L, s, segment_len, local_window, causal)
+        prefix = min(whole, tiles * block_n)
         ranked = kv_idx[:, :, n, :prefix]
         forced = forced_tiles(s, e - s, block_m, L, dense_tail)
         walk = (block_m, block_n, tau, scale, stop_tile == "keep", forced)
         own = tail_tiles(s, e - s, block_m, L, tail_rank)
+        pooled = kv_idx[:, :, n, :whole] if mean_correction else None
         if len(own):  # tail_rank: the tail's tiles walk the tail's own row of kv_perm
-            tail_row = n + tail_rows(L, segment_len, tail_rank)[1]
-            visited.append(_walk_split(q_rows, state, kf, vf, ranked,
-                                       kv_idx[:, :, tail_row, :prefix], own.start * block_m,
-                                       walk))  # fmt: skip
+            tail = kv_idx[:, :, n + tail_rows(L, segment_len, tail_rank)[1]]
+            both = (pooled, tail[..., :whole] if mean_correction else None)
+            got = _walk_split(q_rows, state, kf, vf, ranked, tail[..., :prefix],
+                              own.start * block_m, walk, both)  # fmt: skip
         else:
-            visited.append(_pass2_walk(q_rows, state, kf, vf, ranked, *walk))
+            got = _walk(q_rows, state, kf, vf, ranked, walk, pooled)
+        visited.append(got[0])
+        merged.append(got[1])
         o = state[2] / state[1][..., None]
         out.scatter_(2, order[..., None].expand(-1, -1, -1, D), o)
     pass2 = torch.cat(visited, dim=-1)
     geometry = (L, segment_len, local_window, block_m, block_n)
     stats = s2o_stats(pass2, *geometry, walk_budget, causal, topk_ratio)
+    if mean_correction:
+        stats.extra["pooled_tiles"] = torch.cat(merged, dim=-1)
     return out.to(q.dtype), stats
 
 

@@ -10,11 +10,20 @@ tile walks exactly the first ``ceil(topk_ratio * ranked tiles)`` key tiles of it
 with no early stop; Pass-1 stays dense. It replaces the stop rule rather than adding to it, so it
 needs ``tau <= 0`` (``tau > 0`` with it is refused, naming both; ``stop_tile`` then changes
 nothing). ``walk_budget`` still caps the walk.
+
+``mean_correction`` (default False: off) is a named variant, not the paper's method
+(:mod:`s2o.mean_correction`): the ranked keys a query tile's walk skipped enter its softmax
+through the mean key and value of each ranked tile of ``block_n`` keys. Reference path only:
+with ``impl`` resolving to ``'triton'`` it is refused (at ``bind`` for ``impl='triton'``, at the
+call for ``impl='auto'`` on CUDA tensors), naming the knob and the impl. It is left out of
+``conf/method/s2o.yaml`` (:data:`OPTIONAL_KNOBS`) so that a default run's config, and its run
+id, stay what they were; ``+method.mean_correction=true`` sets it.
 """
 
 from __future__ import annotations
 
 from ..dense_tail import check_dense_tail, tail_last
+from ..mean_correction import check_mean_correction, refuse_on_triton
 from ..reference import s2o_permutations, s2o_reference, s2o_visible_keys
 from ..stats import check_topk_ratio, refuse_topk_with_early_stop
 from ..tail_rank import check_tail_rank
@@ -48,7 +57,11 @@ DEFAULTS = {
     "topk_ratio": None,
     "dense_tail": 0,
     "tail_rank": 0,
+    "mean_correction": False,
 }
+# Off by default and absent from conf/method/s2o.yaml, so a default run's config (and its record
+# identity) is what it was before them; a run sets them with +method.mean_correction=true.
+OPTIONAL_KNOBS = ("mean_correction",)
 LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
 
@@ -116,9 +129,11 @@ def _check_sort(step1_sort, impl: str) -> None:
         )
 
 
-def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, tail_rank, **knobs):
+def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, tail_rank,
+           mean_correction, **knobs):  # fmt: skip
     check_per_kernel(launch, LAUNCH_KERNELS)
     check_choice("impl", impl, IMPLS)
+    check_mean_correction(mean_correction, impl=impl)
     check_choice("step1_sort", step1_sort, ("chunks", "full", "cub"))
     _check_sort(step1_sort, impl)
     if not isinstance(causal, bool):
@@ -131,11 +146,14 @@ def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, tail_ran
 
 
 def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, dense_tail,
-              tail_rank, **_):  # fmt: skip
+              tail_rank, mean_correction, **_):  # fmt: skip
     """Step 1; ``step1_sort`` picks the Triton path's sort (the reference has one: ``'cub'``
     is refused there). ``dense_tail`` moves the last rows out of ``Q_perm``'s order;
-    ``tail_rank`` does too and adds the tail's own rows to ``KV_perm``."""
-    if resolve_impl(impl, q.device) == "reference":
+    ``tail_rank`` does too and adds the tail's own rows to ``KV_perm``. ``mean_correction``
+    on the Triton path is refused here, before Step 1 runs."""
+    path = resolve_impl(impl, q.device)
+    refuse_on_triton(mean_correction, path)
+    if path == "reference":
         _check_sort(step1_sort, "reference")
         return s2o_permutations(q, k, segment_len, local_window, causal, dense_tail, tail_rank)
     from ..kernels import WALK_INDEX_DTYPE, s2o_step1
@@ -158,10 +176,14 @@ def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, topk_rat
     )  # fmt: skip
 
 
-def _attend(q, k, v, perms, *, impl, variant, q_perm, step1_sort, launch, **knobs):
-    """Pass-1 + Pass-2; the knobs come from ``_prepare`` (``q_perm`` already resolved)."""
+def _attend(q, k, v, perms, *, impl, variant, q_perm, step1_sort, launch, mean_correction,
+            **knobs):  # fmt: skip
+    """Pass-1 + Pass-2; the knobs come from ``_prepare`` (``q_perm`` already resolved).
+    ``mean_correction`` runs on the reference path only (refused on the Triton path)."""
     if resolve_impl(impl, q.device) == "reference":
-        return s2o_reference(q, k, v, q_perm=q_perm, perms=perms, **knobs)
+        return s2o_reference(q, k, v, q_perm=q_perm, perms=perms,
+                             mean_correction=mean_correction, **knobs)  # fmt: skip
+    refuse_on_triton(mean_correction, "triton")
     from ..kernels import s2o_triton
 
     settings = None if launch is None else {k_: to_launch(v_) for k_, v_ in launch.items()}
