@@ -106,6 +106,29 @@ def test_mean_correction_triton_path_equals_reference(B, Hq, Hkv, L, D, bs, dtyp
     assert torch.equal(stats.tiles_processed, fp.plan_stats(plan, L).tiles_processed)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mean_correction_triton_path_exact_where_pruned_blocks_are_constant(dtype, gen):
+    """Every block's tokens share one key and value: the kernel's output merged with the
+    correction is dense attention, to the reference's own rounding."""
+    from s2o.methods.full import full_attention
+
+    B, Hq, Hkv, L, D, bs = 1, 4, 1, 150, 16, 16
+    nb = math.ceil(L / bs)
+    rep = lambda x: x.repeat_interleave(bs, dim=2)[:, :, :L].to(dtype)  # noqa: E731
+    q = torch.randn(B, Hq, L, D, generator=gen).to(dtype)
+    spread = torch.rand(B, Hkv, nb, 1, generator=gen) * 2  # peaked attention
+    k = rep(torch.randn(B, Hkv, nb, D, generator=gen) * spread)
+    v = rep(torch.randn(B, Hkv, nb, D, generator=gen))
+    knobs = dict(alpha=1.0, block_size=bs, **PRUNE, impl="triton")
+    dense = full_attention(q.float(), k.float(), v.float(), backend="math")
+    plain, _ = s2o.sparse_attention("flashprefill", q, k, v, **knobs)
+    got, _ = s2o.sparse_attention("flashprefill", q, k, v, mean_correction=True, **knobs)
+    err, tol = float((got.float() - dense).abs().max()), 2 * _tol(dense.to(dtype))
+    assert err <= tol, f"max error {err:.3e} > tolerance {tol:.3e}"
+    moved = float((plain.float() - dense).abs().max())
+    assert moved > 100 * tol, f"the plain plan differs from dense by {moved:.3e} only"
+
+
 @pytest.mark.parametrize("B,Hq,Hkv,L,D,bs,dtype", MC_CASES)
 def test_block_sparse_kernel_lse(B, Hq, Hkv, L, D, bs, dtype, gen):
     """The row log-sum-exp the correction merges with: torch.logsumexp of the plan's logits; the

@@ -105,6 +105,39 @@ def test_correction_moves_the_output_toward_dense():
     assert torch.equal(stats.tiles_processed, stats_c.tiles_processed), "density changed"
 
 
+def _constant_blocks(B, Hq, Hkv, L, D, bs, seed, dtype=torch.float32):
+    """q random; k and v one random vector per block of ``bs`` positions (the last block
+    short), the blocks' key scales spread so that attention is peaked."""
+    g = torch.Generator().manual_seed(seed)
+    nb = math.ceil(L / bs)
+    q = torch.randn(B, Hq, L, D, generator=g)
+    k = torch.randn(B, Hkv, nb, D, generator=g) * torch.rand(B, Hkv, nb, 1, generator=g) * 2
+    v = torch.randn(B, Hkv, nb, D, generator=g)
+    rep = lambda x: x.repeat_interleave(bs, dim=2)[:, :, :L].to(dtype)  # noqa: E731
+    return q.to(dtype), rep(k), rep(v)
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,L,bs", [(2, 2, 2, 150, 16), (1, 4, 1, 200, 32)])
+def test_correction_is_exact_where_pruned_blocks_are_constant(B, Hq, Hkv, L, bs):
+    """A pruned block whose tokens share one key and value is replaced by exactly what it
+    contributes: the corrected output is dense attention, the plain one is not; the plan (Step
+    1-4) and the density are the same with the knob on (the correction runs in attend)."""
+    q, k, v = _constant_blocks(B, Hq, Hkv, L, 16, bs, seed=L)
+    dense = full_attention(q, k, v, backend="math")
+    knobs = dict(alpha=1.0, block_size=bs, **PRUNE)
+    plan = _plan(q, k, v, **knobs)
+    assert torch.equal(plan.mask, _plan(q, k, v, mean_correction=True, **knobs).mask)
+    assert bool(fp.correction_blocks(plan.mask).any()), "no pruned block: nothing to test"
+    plain, stats = s2o.sparse_attention("flashprefill", q, k, v, **knobs)
+    out, stats_c = s2o.sparse_attention("flashprefill", q, k, v, mean_correction=True,
+                                        timing=True, **knobs)  # fmt: skip
+    e_plain, e_corr = float((plain - dense).abs().max()), float((out - dense).abs().max())
+    assert e_plain > 1e-2, f"the plain plan is already dense (error {e_plain:.2e})"
+    assert e_corr < 2e-5, f"corrected differs from dense by {e_corr:.3e} (plain: {e_plain:.3e})"
+    assert torch.equal(stats.tiles_processed, stats_c.tiles_processed), "density changed"
+    assert stats_c.time_attention_ms is not None and stats_c.time_attention_ms > 0
+
+
 def test_nothing_pruned_nothing_corrected():
     q, k, v = _qkv(2, 4, 2, 200, 16, seed=3)
     plan = _plan(q, k, v, alpha=0.0, block_size=16)

@@ -51,7 +51,10 @@ adds, all off here by default so that a default run is v1's:
    Triton path, the block-sparse kernel's output and row log-sum-exp merged in PyTorch with the
    corrections' (:func:`merge_mean_correction`; the same softmax, split in two and recombined).
    The tiles' density counts the kept blocks only: the correction reads one pooled key and
-   value per pruned block (``1/block_size`` of that block's work).
+   value per pruned block (``1/block_size`` of that block's work). It runs in ``attend`` (the
+   plan is the same with it on), so its time, pooling K and V included, is the attention's
+   (``time_attention_ms``). Where a pruned block's tokens share one key and value the term is
+   that block's exact contribution (the tests' exactness check).
 7. **Dense tail.** v2's ``last_n_blocks`` counts the last *PackGQA* query tiles: 128 packed
    rows of one KV head, ``128 / G`` query positions x ``G`` heads (``_packgqa_score_select_kernel``,
    ``full_last_tile``); its library default is 2 (``prefill.py``, SGLang's
