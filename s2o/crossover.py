@@ -50,10 +50,25 @@ def comparable_knobs(knobs: Mapping) -> dict:
     return json.loads(json.dumps(dict(knobs), sort_keys=True, default=str))
 
 
+def key_knobs(method: str, knobs: Mapping) -> dict:
+    """:func:`comparable_knobs` less the method's optional knobs (``Method.optional_knobs``)
+    where they are at their default: a record made before such a knob existed does not hold it,
+    and still stands for a run that leaves it off."""
+    from .methods import METHODS
+
+    m = METHODS.get(method)
+    out = comparable_knobs(knobs)
+    for name in m.optional_knobs if m is not None else ():
+        if name in out and out[name] == comparable_knobs({name: m.defaults[name]})[name]:
+            del out[name]
+    return out
+
+
 @dataclass(frozen=True)
 class CrossoverKey:
     """What a crossover depends on: the GPU model, the head shape and dtype, the method and its
-    validated knobs (every knob, defaults included, except the layer-choosing ones)."""
+    validated knobs (every knob, defaults included, except the layer-choosing ones; compared
+    without the optional ones at their default, :func:`key_knobs`)."""
 
     device_name: str
     heads_q: int
@@ -107,7 +122,7 @@ def record_key(rec: Mapping) -> CrossoverKey | None:
         return None
     return CrossoverKey(
         rec["environment"]["device_name"], shape["Hq"], shape["Hkv"], shape["D"],
-        shape["dtype"], cfg["method"], comparable_knobs(cfg["knobs"]),
+        shape["dtype"], cfg["method"], key_knobs(cfg["method"], cfg["knobs"]),
     )  # fmt: skip
 
 
@@ -132,7 +147,7 @@ def lookup(key: CrossoverKey, defaults: Mapping, root: Path | None = None) -> Cr
     newest matching ok GPU record); ``LookupError`` naming the key, what was found instead and
     the measuring command (``defaults``: the method's, to print only the knobs that differ)."""
     root = RECORDS if root is None else Path(root)
-    want = replace(key, knobs=comparable_knobs(key.knobs))
+    want = replace(key, knobs=key_knobs(key.method, key.knobs))
     found = _records(root)
     hits = [(p, r) for p, r in found if record_key(r) == want]
     if not hits:

@@ -46,6 +46,10 @@ class Method:
             layer's index: it reads them and calls the method per layer with them at their
             defaults; a per-call use (an operator run, :func:`sparse_attention`) with another
             value is refused, never ignored.
+        optional_knobs: knobs added after runs and records were made, off by default (S2O's
+            ``mean_correction``): left out of ``conf/method/<name>.yaml``, and of a crossover
+            key while at their default (:func:`s2o.crossover.key_knobs`), so a default run's id
+            and the records made before them stand as they did.
     """
 
     name: str
@@ -58,6 +62,7 @@ class Method:
     prepare: Callable[..., dict[str, Any]] = field(default=lambda **knobs: knobs)
     coverage: Callable[..., torch.Tensor] | None = None
     layer_knobs: tuple[str, ...] = ()
+    optional_knobs: tuple[str, ...] = ()
 
     def bind(self, **knobs) -> BoundMethod:
         """Validate ``knobs`` once and return a callable ``(q, k, v) -> (out, stats)``."""

@@ -202,6 +202,7 @@ S2O = register(
         sparsity_increases_with_knob=True,
         check=_check,
         prepare=_prepare,
+        optional_knobs=OPTIONAL_KNOBS,
         coverage=lambda plan, stats, rows, seq_len, **knobs: s2o_visible_keys(
             plan, stats.extra["pass2_tiles"], rows, seq_len, **knobs
         ),
