@@ -184,6 +184,22 @@ def test_a_point_with_an_ok_record_is_not_refused_offline(no_hub, tmp_path, monk
     assert run.refusal(cfg) is None
 
 
+def test_each_hub_backed_benchmark_names_its_data_key():
+    """InfiniteBench's loaded tasks read ``benchmark.data.dir``, LongBench v2
+    ``benchmark.data.path`` (generated tasks and a given file need no hub)."""
+    from eval.tasks import base
+
+    infinite, longbench = base.get("infinitebench"), base.get("longbench_v2")
+    (got,) = infinite.hub_data({"tasks": ["passkey-style", "En.QA"], "data": {"dir": None}})
+    assert got[:2] == ("dir", "xinrongzhang2022/InfiniteBench"), got
+    assert "longbook_qa_eng.jsonl" in got[2] and "passkey" not in got[2], got
+    assert infinite.hub_data({"tasks": ["passkey-style"], "data": {"dir": None}}) == []
+    assert infinite.hub_data({"tasks": ["En.QA"], "data": {"dir": "/x"}}) == []
+    assert [x[:2] for x in longbench.hub_data({"data": {"path": None}})] == [
+        ("path", "THUDM/LongBench-v2")]  # fmt: skip
+    assert longbench.hub_data({"data": {"path": "/x/data.json"}}) == []
+
+
 def test_no_datasets_package_is_refused_without_a_request(tmp_path, monkeypatch):
     import importlib.util
 
