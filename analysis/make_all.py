@@ -37,6 +37,7 @@ from analysis import (
     matched_points,
     retrieval_diagnosis,
     ttft,
+    ttft_matched,
 )
 from analysis.records import HERE, MANIFEST, paper_numbers
 from analysis.sections import Ctx, Section
@@ -50,6 +51,7 @@ SECTIONS = (
     fig4b.section,
     fig4c.section,
     ttft.section,
+    ttft_matched.section,
     accuracy.section,
     fronts.section,
     retrieval_diagnosis.section,

@@ -11,7 +11,9 @@ prompt of that many tokens is prefilled (``model(ids, use_cache=True, logits_to_
 - the job's method (``method=...``) and every entry of ``e2e.methods``: a name (the method's
   registered defaults) or a mapping ``{name: s2o, tau: 0.02}`` (other knobs, labelled
   ``s2o_tau0.02``). FlashPrefill has no default ``alpha``: an entry without one takes the model
-  family's official value (:func:`model_knobs`), as ``method=flashprefill`` does.
+  family's official value (:func:`model_knobs`), as ``method=flashprefill`` does. A label given
+  twice is refused. Each row of a method keeps every knob it ran with (``knobs``: its defaults
+  and the given ones), so a reader groups rows by knob without parsing labels.
 
 Each prefill's time is the median of ``e2e.reps`` synchronized wall-clock runs (the upper median
 for an even count: the time of one run, the run whose breakdown is recorded); ``e2e.warmup``
@@ -146,6 +148,13 @@ def configurations(resolved: dict) -> list[tuple[str, str | None, dict]]:
             )
         label = name + "_" + "_".join(f"{k}{v}" for k, v in sorted(knobs.items()))
         out.append((label, name, {**model_knobs(name, resolved.get("model"), knobs), **knobs}))
+    labels = [c[0] for c in out]
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:  # a label names one configuration's rows (the analysis reads rows by label)
+        raise ConfigError(
+            f"e2e: configuration(s) {twice} given twice (e2e.dense, method= and e2e.methods "
+            "together): give each once"
+        )
     return out
 
 
@@ -194,10 +203,11 @@ def evaluate(resolved: dict) -> dict:
                 f"e2e.dense={list(e2e['dense'])} on {device.type}: {exc}; on the CPU give "
                 f"e2e.dense=[flash] or [math]"
             ) from None
+    ran_with = {}  # label -> every knob it runs with (defaults and given), kept in its rows
     for label, method, knobs in configurations(resolved):  # bad knobs fail before the load
         if method is not None:
             try:
-                bind(method, **knobs)
+                ran_with[label] = dict(bind(method, **knobs).config)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"e2e configuration {label}: {exc}") from None
     model, tok = models.load(model_cfg, device, seed=resolved["seed"])
@@ -216,6 +226,8 @@ def evaluate(resolved: dict) -> dict:
                 row = {"error": f"OutOfMemoryError: {str(exc).splitlines()[0]}"}
                 torch.cuda.empty_cache()
             rows.append({"label": label, "L": L, **row})
+            if label in ran_with:
+                rows[-1]["knobs"] = ran_with[label]
     derive(rows)
     return {
         "model": models.describe(model_cfg),
