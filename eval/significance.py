@@ -16,6 +16,8 @@ come from the exact tests only.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
@@ -242,6 +244,28 @@ def _tango_p01(n10: int, n01: int, n: int, delta: float) -> float:
     return max(0.0, (b + math.sqrt(max(disc, 0.0))) / (4 * n))
 
 
+@functools.lru_cache(maxsize=2)
+def _sign_patterns(n: int, exact: bool, n_resamples: int, seed: int) -> tuple:
+    """``sign_flip_interval``'s sign patterns of n pairs (read-only, shared by its calls):
+    ``(signs, v, order, cuts)``, ``v`` each pattern's sum of signs, ``order`` the patterns
+    sorted by ``v`` (stable), ``cuts`` where each value of ``v`` begins in that order (and the
+    end). Exact: all 2^n patterns, pattern r with -1 where r's bit j is set (column 0, dropped,
+    keeps the memory layout of the doubling this replaced, so ``signs @ d`` rounds as before);
+    else ``n_resamples`` random ones from ``seed``."""
+    if exact:
+        signs = np.ones((2**n, n + 1))
+        signs[:, 1:] -= 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+        signs = signs[:, 1:]
+    else:
+        signs = np.random.default_rng(seed).integers(0, 2, size=(n_resamples, n)) * 2.0 - 1
+    v = signs.sum(axis=1)
+    order = np.argsort(v, kind="stable")
+    cuts = np.flatnonzero(np.diff(v[order], prepend=np.nan, append=np.nan))
+    for x in (signs, v, order, cuts):
+        x.flags.writeable = False
+    return signs, v, order, cuts
+
+
 def sign_flip_interval(
     a: Sequence[float],
     b: Sequence[float],
@@ -259,19 +283,31 @@ def sign_flip_interval(
     _check_paired(a, b)
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     n, alpha = d.size, 1 - confidence
-    if n <= exact_max:
-        signs = np.array([[1.0]])
-        for _ in range(n):  # every pattern of n signs, doubling
-            signs = np.vstack([np.hstack([signs, np.ones((len(signs), 1))]),
-                               np.hstack([signs, -np.ones((len(signs), 1))])])  # fmt: skip
-        signs = signs[:, 1:]
-    else:
-        signs = np.random.default_rng(seed).integers(0, 2, size=(n_resamples, n)) * 2.0 - 1
-    u, v, total = signs @ d, signs.sum(axis=1), d.sum()  # pattern sum at delta: u - delta v
+    signs, v, order, cuts = _sign_patterns(n, n <= exact_max, n_resamples, seed)
+    u, total = signs @ d, d.sum()  # pattern sum at delta: u - delta v
+    tol = 1e-9 * (np.abs(d).sum() + n)
+    # all 2^n patterns: grouped by v (n + 1 values), each group's u sorted. At one delta,
+    # fl(u - delta v) is monotone in u within a group, so the patterns with |u - delta v| >= t
+    # are a head and a tail of it, found by bisection with the same float operations as
+    # np.abs(u - delta * v) >= t (the same count, 2 (n + 1) bisections instead of a pass over
+    # every pattern at every delta; the random patterns are few: one pass)
+    groups = None
+    if n <= exact_max and np.isfinite(u).all():
+        us = u[order]
+        groups = [(v[order[i]], np.sort(us[i:j])) for i, j in zip(cuts[:-1], cuts[1:])]
 
     def p_at(delta: float) -> float:
-        obs = abs(total - n * delta)
-        return float(np.mean(np.abs(u - delta * v) >= obs - 1e-9 * (np.abs(d).sum() + n)))
+        t = abs(total - n * delta) - tol
+        if groups is None:
+            return float(np.mean(np.abs(u - delta * v) >= t))
+        if not t > 0:  # every pattern's |sum| is >= t
+            return 1.0
+        hits = 0
+        for k, g in groups:
+            c = delta * k
+            hits += bisect.bisect_left(g, True, key=lambda x: x - c > -t)  # x - c <= -t
+            hits += len(g) - bisect.bisect_left(g, True, key=lambda x: x - c >= t)
+        return hits / len(u)
 
     def end(inside: float, outside: float) -> float:
         if p_at(outside) >= alpha:
