@@ -3,8 +3,9 @@
 Every benchmark record has the harness's schema (``kind: benchmark``, ``benchmark``,
 ``environment``, ``config``, ``metrics``): ``benchmarks/`` writes it through
 :class:`benchmarks.common.Recorder`, and the records of the former scripts were rewritten in it
-once (``benchmarks/migrate_legacy_records.py``; their ``migrated_from`` names the old layout). A
-record in any other layout is refused with a :class:`SchemaError` that names the missing field.
+once (a one-off migration, gone since; ``git log -- benchmarks/migrate_legacy_records.py``; their
+``migrated_from`` names the old layout). A record in any other layout is refused with a
+:class:`SchemaError` that names the missing field.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def benchmark(rec: dict) -> str:
     schema (``kind: benchmark``)."""
     if rec.get("kind") != "benchmark":
         old = ", ".join(k for k in ("env", "lengths", "by_L", "by_S", "methods") if k in rec)
-        hint = f" (fields of a former layout: {old}; run benchmarks/migrate_legacy_records.py)"
+        hint = f" (fields of a former layout: {old}; see git show 74cbbc6 for their migration)"
         raise SchemaError(f"not a benchmark record: `kind` is {rec.get('kind')!r}, not "
                           f"'benchmark'{hint if old else ''}")  # fmt: skip
     return rec["benchmark"]

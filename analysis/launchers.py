@@ -1,5 +1,5 @@
 """The launcher studies' pages: ``summary.md`` from the ``summary.json`` that
-``benchmarks/node_gpus_sweep.py`` writes (a GPU sweep on every GPU against one, or ``--overhead``:
+``tools/node_gpus_sweep.py`` writes (a GPU sweep on every GPU against one, or ``--overhead``:
 the launcher's cost per job). Reads the summary only.
 
     python -m analysis.launchers results/launchers/<folder>/summary.json   # summary.md beside it
@@ -33,7 +33,7 @@ def _samples(sweep: dict, cut: bool) -> str:
 
 
 def sweep_markdown(s: dict) -> str:
-    """A GPU sweep's summary (``benchmarks/node_gpus_sweep.py``): wall times, the speedup or why
+    """A GPU sweep's summary (``tools/node_gpus_sweep.py``): wall times, the speedup or why
     there is none, each point's GPU, CPUs, worker and time, and nvidia-smi's utilization."""
     two, one = s["sweeps"]["2gpu"], s["sweeps"]["1gpu"]
     speedup = s["speedup_2gpu_over_1gpu"]

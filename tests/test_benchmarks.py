@@ -128,9 +128,24 @@ def test_the_analysis_reads_the_smoke_records(records, tmp_path):
     assert len(ms) == 4 and "| 4K |" in table  # the paper's rows stay, ours have L < 1K
 
 
+# One record of each former layout (byte copies of committed records before their one-off
+# migration to the harness's schema, gone since: git show 74cbbc6)
+LEGACY = ROOT / "tests" / "data" / "legacy_records"
+
+
+@pytest.mark.parametrize("name", ["bench_s2o", "step1_probe", "pass2_probe", "bench_baselines"])
+def test_analysis_refuses_a_record_of_an_old_layout(name):
+    old = json.loads((LEGACY / f"{name}.json").read_text())
+    with pytest.raises(br.SchemaError, match="not a benchmark record.*former layout.*74cbbc6"):
+        br.machine(old)
+    with pytest.raises(br.SchemaError, match="`kind`"):
+        br.abcd_frame(old)
+
+
 def test_migrated_records_read_through_the_one_schema():
     """The committed records of the former scripts, migrated to the harness's schema
-    (``benchmarks/migrate_legacy_records.py``), give the same numbers as their own fields."""
+    (once, by ``benchmarks/migrate_legacy_records.py``, gone since), give the same numbers as
+    their own fields."""
     old = json.loads((ROOT / "results/kernels/run8/cub_311baa7/bench_NVIDIA_H200.json").read_text())
     lengths = old["metrics"]["lengths"]
     abcd = [{"L": x["L"], **x["abcd"]} for x in lengths if "abcd" in x]
@@ -212,60 +227,6 @@ def test_benchmark_modules_import_no_circle():
 
 
 @pytest.mark.slow
-def test_node_gpus_sweep_tiny_runs_end_to_end(tmp_path):
-    """The launcher study at its CPU size (fake GPUs 0,1): both sweeps finish, the summary names
-    the revision."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "benchmarks/node_gpus_sweep.py", "--out", str(tmp_path), "--tiny",
-           "--git-rev", "testrev"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["git_rev"] == "testrev"
-    env_ = summary["environment"]  # written through experiments.records, with provenance
-    assert env_["git_revision"] == "testrev" and env_["torch"] and "triton" in env_
-    for tag in ("2gpu", "1gpu"):
-        sweep = summary["sweeps"][tag]
-        assert sweep["returncode"] == 0 and sweep["points"], sweep
-        assert all(p["status"] == "ok" for p in sweep["points"]), sweep["points"]
-
-
-def test_node_gpus_sweep_takes_the_revision_the_records_take(tmp_path):
-    """Without --git-rev the launcher study stamps $S2O_GIT_REV, as every record does (on a GPU
-    machine that got a copy of the tree, its .git can name an older commit than the code)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "S2O_GIT_REV": "envrev"}
-    cmd = [sys.executable, "benchmarks/node_gpus_sweep.py", "--overhead", "1", "--repeats", "1",
-           "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["git_rev"] == "envrev" and summary["environment"]["git_revision"] == "envrev"
-
-
-def test_node_gpus_sweep_reports_no_speedup_over_an_incomplete_sweep():
-    """A sweep cut by --budget-s (the 1-GPU one at 7 of 8 points, as on two H100s at a7eb891)
-    has no comparable wall time: the summary says why instead of a speedup; the input cache
-    reaches every point of a GPU sweep (the warm-up point fills it)."""
-    import argparse
-
-    from benchmarks import node_gpus_sweep as ns
-
-    pts = [{"status": "ok"}] * 8
-    s = {"sweeps": {"2gpu": {"returncode": 0, "points": pts},
-                    "1gpu": {"returncode": "timeout (--budget-s)", "points": pts[:7]}}}  # fmt: skip
-    assert ns.incomplete(s, 8) == ["1gpu: 7 of 8 points ok, exit timeout (--budget-s)"]
-    s["sweeps"]["1gpu"] = {"returncode": 0, "points": pts}
-    assert ns.incomplete(s, 8) == []
-    s["sweeps"]["2gpu"]["points"] = pts[:7] + [{"status": "error"}]
-    assert ns.incomplete(s, 8) == ["2gpu: 7 of 8 points ok, exit 0"]
-    args = argparse.Namespace(tiny=False, taus=["0.005"], L=65536, S=2048, rep_ms=1500,
-                              input_cache="/x/input_cache")  # fmt: skip
-    assert "input_cache=/x/input_cache" in ns.sweep_args(args)
-    args.input_cache = None
-    assert not any(o.startswith("input_cache=") for o in ns.sweep_args(args))
-
-
-@pytest.mark.slow
 def test_harness_paper_scale_smoke_runs_every_step(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     env.pop("OUT", None)
@@ -307,46 +268,3 @@ def test_profile_prefill_configs_and_refusals():
     for bad in ("[]", "[{tau: 0.1}]"):
         with pytest.raises(SystemExit):
             pp._configs(bad)
-
-
-def test_node_gpus_sweep_accuracy_mode_composes_one_accuracy_job_per_method():
-    """--accuracy (issue 31's second run): every method's job is a valid kind=accuracy config of
-    the asked model, task, length and n, with the asked jobs per GPU; the page reports each
-    sweep's samples per minute."""
-    from argparse import Namespace
-
-    from harness_util import compose
-
-    from analysis.launchers import _samples
-    from benchmarks import node_gpus_sweep as ns
-
-    args = Namespace(accuracy=True, tiny=False, model="gemma3_270m", task="niah_single_1",
-                     L=8192, n=50, jobs_per_gpu=4, extra=["model.path=/tmp/g"])  # fmt: skip
-    over = ns.sweep_args(args)
-    assert "hydra.launcher.jobs_per_gpu=4" in over and "model.path=/tmp/g" in over
-    methods = next(o for o in over if o.startswith("method=")).split("=")[1].split(",")
-    assert methods == ["full", "s2o", "flexprefill", "xattn", "pbs"]
-    job = [o for o in over if not o.startswith(("method=", "hydra."))]
-    for m in methods:
-        cfg = compose([*job, f"method={m}"])
-        assert cfg.kind == "accuracy" and cfg.model.name == "gemma3_270m"
-        assert list(cfg.benchmark.tasks) == ["niah_single_1"] and cfg.benchmark.n == 50
-        assert list(cfg.benchmark.lengths) == [8192] and cfg.model.path == "/tmp/g"
-    assert "benchmark.n=1" in ns.accuracy_args(args, 1)  # the warm-up: one sample per method
-    rate = "; 250 samples, 83.3 a minute"
-    assert _samples({"samples": 250, "samples_per_min": 83.3}, False) == rate
-    assert _samples({"wall_s": 3.0}, False) == ""
-    cut = "; cut before its end: no samples-per-minute figure"
-    assert _samples({"samples": 250, "samples_per_min": 83.3}, True) == cut
-    assert _samples({"samples": 3, "samples_per_min": None}, False) == cut
-
-
-def test_node_gpus_sweep_counts_the_samples_its_jobs_wrote(tmp_path):
-    """A sweep's samples are the lines its jobs wrote (a cut sweep wrote fewer than planned)."""
-    from benchmarks import node_gpus_sweep as ns
-
-    for job, lines in (("full/a", 3), ("s2o/b", 2)):
-        (tmp_path / job).mkdir(parents=True)
-        (tmp_path / job / "samples.jsonl").write_text("{}\n" * lines)
-    assert ns.samples_written(tmp_path) == 5
-    assert ns.samples_written(tmp_path / "none") == 0

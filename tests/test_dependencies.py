@@ -12,9 +12,9 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ["s2o", "eval", "experiments", "analysis", "benchmarks", "hydra_plugins", "run.py"]
+CODE = ["s2o", "eval", "experiments", "analysis", "benchmarks", "hydra_plugins", "tools", "run.py"]
 # hydra_plugins: ours (s2o_launchers) and hydra-submitit-launcher's, declared in NOT_IMPORTED
-LOCAL = {"s2o", "eval", "experiments", "analysis", "benchmarks", "hydra_plugins", "run"}
+LOCAL = {"s2o", "eval", "experiments", "analysis", "benchmarks", "hydra_plugins", "tools", "run"}
 DIST = {  # import name -> distribution name
     "torch": "torch", "triton": "triton", "tqdm": "tqdm", "yaml": "pyyaml", "hydra": "hydra-core",
     "omegaconf": "omegaconf", "wandb": "wandb", "safetensors": "safetensors",
@@ -132,7 +132,11 @@ FORBIDDEN = {
     "s2o": ("eval", "experiments", "analysis", "benchmarks", "run"),
     # a benchmark produces records; their pages are analysis's (analysis/launchers.py, bench_tables)
     "benchmarks": ("analysis", "run"),
+    "tools": ("analysis", "run"),  # node_gpus_sweep runs where the project is not installed
 }
+# tools/ operates machines (the GPU session runner, the node sweep): it may import the packages,
+# none of them imports it, and it is not installed
+TOOLS_FREE = ("s2o", "eval", "experiments", "analysis", "benchmarks", "hydra_plugins", "run.py")
 
 
 def test_no_upward_imports():
@@ -161,4 +165,16 @@ def test_analysis_imports_no_producer():
     for f in sorted((ROOT / "analysis").rglob("*.py")):
         bad += [f"{f.relative_to(ROOT)}:{line} imports {n}" for line, n in _imported(f)
                 if _names(n, ANALYSIS_FORBIDDEN) and not _names(n, ANALYSIS_READERS)]  # fmt: skip
+    assert not bad, bad
+
+
+def test_no_package_imports_tools_and_tools_is_not_packaged():
+    include = _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert not any(p.startswith("tools") for p in include), include
+    bad = []
+    for c in TOOLS_FREE:
+        p = ROOT / c
+        for f in [p] if p.is_file() else sorted(p.rglob("*.py")):
+            bad += [f"{f.relative_to(ROOT)}:{line} imports {n}" for line, n in _imported(f)
+                    if n.split(".")[0] == "tools"]  # fmt: skip
     assert not bad, bad

@@ -62,7 +62,10 @@ def test_the_check_catches_a_bogus_link_and_only_it(tmp_path):
 
 # a repository path as docs/architecture.md names one: a top-level folder and what follows, or a
 # root file; `{a,b}` alternatives, `<placeholder>`, `*` and `..` mark the rest as a pattern
-TOP = r"(?:s2o|eval|experiments|analysis|benchmarks|conf|tests|hydra_plugins|results|docs|\.ci)"
+TOP = (
+    r"(?:s2o|eval|experiments|analysis|benchmarks|conf|tests|hydra_plugins|tools|results|docs"
+    r"|\.ci)"
+)
 REPO_PATH = re.compile(rf"(?<![\w./-])({TOP}/[\w./{{}},<>*-]*|run\.py|README\.md|pyproject\.toml)")
 BRACES = re.compile(r"\{([^{}]*)\}")
 

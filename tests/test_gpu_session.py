@@ -1,4 +1,4 @@
-"""benchmarks.gpu_session: the background scheduler of a lent GPU machine's plan, on the CPU with
+"""tools.gpu_session: the background scheduler of a lent GPU machine's plan, on the CPU with
 trivial commands and fake GPU counts."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks import gpu_session as gs
+from tools import gpu_session as gs
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_session", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "tools.gpu_session", *map(str, args)],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
@@ -218,10 +218,10 @@ def test_poll_on_a_fresh_state_dir_exits_3(tmp_path):
 
 
 def test_the_committed_plan_loads_on_one_and_two_gpus():
-    """benchmarks/gpu_session.yaml, the next GPU session's plan: it loads (every var it formats
+    """tools/gpu_session.yaml, the next GPU session's plan: it loads (every var it formats
     exists, every `after` names an earlier step), its timed node sweeps get the machine alone, and
     on one GPU everything maps to GPU 0."""
-    path = gs.REPO / "benchmarks" / "gpu_session.yaml"
+    path = gs.REPO / "tools" / "gpu_session.yaml"
     two = gs.load_plan(path, 2, {"rev": "abc1234", "tag": "h100x2"})
     steps = {s.name: s for s in two.steps}
     assert steps["node_sweep"].gpus == [0, 1] and steps["node_accuracy"].gpus == [0, 1]
@@ -231,7 +231,7 @@ def test_the_committed_plan_loads_on_one_and_two_gpus():
         cmd = s.run.format(**two.vars, state="/s", gpus=len(s.gpus))
         if "run.py" in cmd:
             assert "S2O_GIT_REV=abc1234" in cmd or "S2O_GIT_REV=28c75f4" in cmd, s.name
-        elif "benchmarks." in cmd:
+        elif "benchmarks." in cmd or "tools." in cmd:
             assert "abc1234" in cmd, s.name
     one = gs.load_plan(path, 1, {"rev": "abc1234"})
     assert {g for s in one.steps for g in s.gpus} == {0}

@@ -3,9 +3,9 @@ GPUs by one detached process that outlives the call that started it, resumes aft
 and that later calls poll and copy snapshots of back (each call at most 600 s; the machine goes
 back when idle for 30 s, so a call polls until its time is nearly up).
 
-    python -m benchmarks.gpu_session print --plan benchmarks/gpu_session.yaml --gpus 2
-    python -m benchmarks.gpu_session start --plan benchmarks/gpu_session.yaml --state /tmp/gs
-    python -m benchmarks.gpu_session poll --state /tmp/gs --out "$OUT" --seconds 540   # repeat
+    python -m tools.gpu_session print --plan tools/gpu_session.yaml --gpus 2
+    python -m tools.gpu_session start --plan tools/gpu_session.yaml --state /tmp/gs
+    python -m tools.gpu_session poll --state /tmp/gs --out "$OUT" --seconds 540   # repeat
     tar xzf snapshot.tgz files/ --strip-components=1      # here, in the repo: the new records
 
 The plan (YAML): ``vars`` (defaults, formatted into the commands with ``str.format``) and
@@ -537,7 +537,7 @@ def cmd_start(a: argparse.Namespace) -> int:
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.gpu_session",
+        "tools.gpu_session",
         "serve",
         "--plan",
         str(Path(a.plan).resolve()),

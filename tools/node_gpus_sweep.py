@@ -1,10 +1,10 @@
 """Every GPU of a node against one: the same operator sweep through ``hydra/launcher=node_gpus``
 on all visible GPUs, then on the first GPU alone, with ``nvidia-smi`` sampling during both.
 
-    python3 -m benchmarks.node_gpus_sweep --out "$OUT"               # the 2-GPU machine
-    python3 -m benchmarks.node_gpus_sweep --out /tmp/ng --tiny       # CPU dry run, fake GPUs 0,1
-    python3 -m benchmarks.node_gpus_sweep --overhead 16 --out results/launchers/<name>   # CPU
-    python3 -m benchmarks.node_gpus_sweep --accuracy --jobs-per-gpu 4 --out "$OUT" --extra ...
+    python3 -m tools.node_gpus_sweep --out "$OUT"               # the 2-GPU machine
+    python3 -m tools.node_gpus_sweep --out /tmp/ng --tiny       # CPU dry run, fake GPUs 0,1
+    python3 -m tools.node_gpus_sweep --overhead 16 --out results/launchers/<name>   # CPU
+    python3 -m tools.node_gpus_sweep --accuracy --jobs-per-gpu 4 --out "$OUT" --extra ...
 
 The sweep: S2O on the synthetic input at ``--L`` tokens (32 query / 8 KV heads, bf16), one point
 per ``--taus`` value; each point times estimation, attention and Full with ``do_bench`` for
