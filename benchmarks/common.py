@@ -109,13 +109,14 @@ def make_qkv(name: str, shape: Shape, L: int, seed: int):
 
 
 def timer(shape: Shape, warmup_ms: float = 25.0, rep_ms: float = 200.0) -> Callable[..., float]:
-    """``bench(fn) -> median ms`` with the given ``do_bench`` budget (one untimed call and one
-    timed call on the CPU: a smoke run checks the code, not the time)."""
+    """``bench(fn) -> median ms`` with the given ``do_bench`` budget (on the CPU one timed call and
+    no warm-up: a smoke run checks the code, not the time, and the interpreter makes each call
+    cost seconds)."""
     import torch
 
     from experiments.timing import bench_ms
 
-    timing = {"cuda_warmup_ms": warmup_ms, "cuda_rep_ms": rep_ms, "warmup": 1, "rep": 1}
+    timing = {"cuda_warmup_ms": warmup_ms, "cuda_rep_ms": rep_ms, "warmup": 0, "rep": 1}
     device = torch.device(shape.device)
     return lambda fn: bench_ms(fn, device, timing)
 
