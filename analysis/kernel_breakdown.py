@@ -115,11 +115,12 @@ def breakdown_frame(rec: dict) -> pd.DataFrame:
             name = f"Step 1 ({r['sort']} sort), all kernels"
         elif part == "pass1":
             name = "Pass-1"
-        elif part in ("pass2", "fused"):
+        elif part in ("pass2", "pass2_gluon", "fused"):
             if r.get("launch", "default") != "default":
                 continue
             stop = "" if part == "fused" or r.get("stop_logic") else ", no stop rule"
-            name = ("Pass-2" if part == "pass2" else "fused") + f" tau={r['tau']:g}{stop}"
+            label = {"pass2": "Pass-2", "pass2_gluon": "Gluon walk (Pass-2)", "fused": "fused"}
+            name = label[part] + f" tau={r['tau']:g}{stop}"
             flop = r["walked_tiles"] * tile_flop
         else:
             continue

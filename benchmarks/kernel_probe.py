@@ -2,8 +2,9 @@
 
 On one Q/K/V (``benchmarks.common.make_qkv``, B=1, bf16, causal, S=2048, 128x128 tiles) it times
 SDPA flash and cuDNN, Step 1 (per sort mode, and per CUDA kernel through ``torch.profiler``),
-Pass-1, Pass-2 at every ``--taus`` (tau=0 with and without the stop-rule control flow) under the
-library's launch settings and every ``--variants`` setting, and the fused kernel. One row per
+Pass-1, Pass-2 at every ``--taus`` (tau=0 with and without the stop-rule control flow): the Triton
+walk under the library's launch settings and every ``--variants`` setting, and the Gluon walk
+(:mod:`s2o.kernels.gluon_walk`, Hopper), and the fused kernel. One row per
 measurement in ``metrics.rows`` (``do_bench`` medians), with the density reached and the
 walked tiles, so ``analysis/kernel_breakdown.py`` turns them into TFLOP/s. ``--once`` runs every
 kernel once, untimed: the command Nsight Compute profiles (its CSV, saved beside the record as
@@ -36,7 +37,7 @@ from s2o.kernels import (  # noqa: E402
 from s2o.methods.full import full_attention  # noqa: E402
 from s2o.stats import dense_causal_tile_count, s2o_pass1_tile_count  # noqa: E402
 
-PARTS = ("full", "step1", "pass1", "pass2", "fused", "profile")
+PARTS = ("full", "step1", "pass1", "pass2", "pass2_gluon", "fused", "profile")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.block = 128
     if args.smoke:  # 4 segments of 2 tiles, fp32 on the CPU interpreter
         args.length, args.segment_len, args.block = 128, 32, 16
-        args.parts -= {"full", "profile"}
+        args.parts -= {"full", "profile", "pass2_gluon"}  # Gluon has no interpreter
     return args
 
 
@@ -75,15 +76,22 @@ def step1_profile(q, k, S: int) -> list[dict]:
 
 
 def pass2_rows(q, k, v, perms, state, a, geo, bench, emit):
-    """Pass-2 per launch setting and tau (tau=0: plain walk and stop-rule control flow)."""
+    """Pass-2 per launch setting and tau (tau=0: plain walk and stop-rule control flow), the
+    Triton walk (part ``pass2``); then the Gluon walk at its default ring (part ``pass2_gluon``,
+    where it takes the call: :mod:`s2o.kernels.gluon_walk`)."""
     L, hq = q.shape[2], q.shape[1]
     dense_tiles = dense_causal_tile_count(L, a.block, a.block)
     p1_tiles = s2o_pass1_tile_count(L, a.segment_len, 0, a.block, a.block)
-    variants = [None] + [
-        Launch(*(int(x) for x in s.split(":"))) for s in a.variants.split(",") if s
-    ]
-    for lv in variants:
-        name = "default" if lv is None else f"{lv.num_warps}:{lv.num_stages}:{lv.sub_n}"
+    variants = []
+    if "pass2" in a.parts:
+        variants = [("pass2", "default", Launch(walk="triton"))] + [
+            ("pass2", s, Launch(*(int(x) for x in s.split(":")), walk="triton"))
+            for s in a.variants.split(",")
+            if s
+        ]
+    if "pass2_gluon" in a.parts:
+        variants.append(("pass2_gluon", "default", Launch(walk="gluon")))
+    for part, name, lv in variants:
         for tau in (float(t) for t in a.taus.split(",")):
             for stop in [False, True] if tau <= 0 else [True]:
                 kw = dict(tau=tau, early_stop=stop, launch=lv, **geo)
@@ -91,11 +99,11 @@ def pass2_rows(q, k, v, perms, state, a, geo, bench, emit):
                     _, vis = s2o_pass2(q, k, v, state, *perms, **kw)
                     ms = bench(lambda kw=kw: s2o_pass2(q, k, v, state, *perms, **kw))
                 except Exception as e:  # out of shared memory etc.: recorded, the rest goes on
-                    emit(part="pass2", launch=name, tau=tau, error=f"{type(e).__name__}: {e}"[:300])
+                    emit(part=part, launch=name, tau=tau, error=f"{type(e).__name__}: {e}"[:300])
                     continue
                 walked = float(vis.double().sum())
                 emit(
-                    part="pass2",
+                    part=part,
                     launch=name,
                     tau=tau,
                     stop_logic=stop,
@@ -165,7 +173,7 @@ def main(argv=None) -> dict:
     state = s2o_pass1(q, k, v, **geo)
     if "pass1" in a.parts:
         emit(part="pass1", ms=bench(lambda: s2o_pass1(q, k, v, **geo)))
-    if "pass2" in a.parts:
+    if a.parts & {"pass2", "pass2_gluon"}:
         pass2_rows(q, k, v, perms, state, a, geo, bench, emit)
     if "fused" in a.parts:
         for tau in (float(t) for t in a.taus.split(",")):

@@ -45,3 +45,20 @@ def test_ncu_launches_maps_rows_to_the_probes_launch_order():
         ("_s2o_fused_kernel", 0),
         ("_s2o_fused_kernel", 2),
     ]
+
+
+def test_gluon_walk_rows_are_named_apart_and_take_no_triton_launch():
+    from analysis.kernel_breakdown import breakdown_frame
+
+    row = dict(launch="default", stop_logic=True, density=0.1, walked_tiles=1000.0)
+    rec = {
+        "kind": "benchmark",
+        "benchmark": "kernel_probe",
+        "config": {"length": 4096, "block": 128, "shape": {"B": 1, "Hq": 2, "Hkv": 1, "D": 128}},
+        "metrics": {"rows": [{"part": "pass2", "tau": 0.005, "ms": 2.0, **row},
+                             {"part": "pass2_gluon", "tau": 0.005, "ms": 1.0, **row},
+                             {"part": "pass2", "tau": 0.02, "ms": 1.0, **row}]},
+    }  # fmt: skip
+    names = list(breakdown_frame(rec)["kernel"])
+    assert names == ["Pass-2 tau=0.005", "Gluon walk (Pass-2) tau=0.005", "Pass-2 tau=0.02"]
+    assert ncu_launches(names) == [("_s2o_pass2_kernel", 0), None, ("_s2o_pass2_kernel", 2)]

@@ -235,3 +235,28 @@ def test_gpu_flashprefill_selection_matches_reference(L, Hq, Hkv, D):
     clear = (ref - thr).abs() > 1e-3 * thr
     assert torch.equal(mask & clear, ref_mask & clear)
     assert float(clear.double().mean()) > 0.95
+
+
+@pytest.mark.parametrize("L,S,W,Hq,Hkv", [(8192, 2048, 0, 4, 1), (7000, 1024, 256, 4, 2)])
+@pytest.mark.parametrize("tau,early_stop", [(0.005, True), (0.05, True), (0.0, True), (0.0, False)])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_gpu_gluon_walk_equals_triton_walk(L, S, W, Hq, Hkv, tau, early_stop, stages, dtype):
+    """The Gluon walk (s2o.kernels.gluon_walk) makes the Triton walk's decisions on the same
+    inputs: the same tiles visited by every query tile, the same output up to rounding."""
+    from s2o.kernels import Launch, s2o_pass1, s2o_pass2
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon walk needs an sm_90 GPU")
+    q, k, v = (t.to(dtype) for t in _qkv(1, Hq, Hkv, L, 128, seed=7, peak=2.0))
+    geo = dict(segment_len=S, local_window=W, block_m=128, block_n=128)
+    perms = s2o_step1(q, k, segment_len=S, local_window=W, index_dtype=torch.int32)
+    state = s2o_pass1(q, k, v, **geo)
+    kw = dict(tau=tau, early_stop=early_stop, **geo)
+    ref, ref_vis = s2o_pass2(q, k, v, state, *perms, launch=Launch(walk="triton"), **kw)
+    out, vis = s2o_pass2(q, k, v, state, *perms,
+                         launch=Launch(walk="gluon", num_stages=stages), **kw)  # fmt: skip
+    assert torch.equal(vis, ref_vis)
+    assert 0 < int(vis.sum()) <= int(ref_vis.numel()) * (L // 128)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+    assert _rel(out, ref) < 1e-2

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 KERNELS = ("pass1", "pass2", "fused", "block_sparse")
+WALKS = ("triton", "gluon")  # Pass-2's ranked walk (Launch.walk)
 # head sizes the kernels take: powers of two, the MMA's K dimension (>= 16) up to 256
 HEAD_DIMS = (16, 32, 64, 128, 256)
 # Pass-2 at head_dim 128 with 5 stages keeps more gathered K/V tiles in flight: on an H200 it ran
@@ -29,11 +30,14 @@ _D256_SUB_N = 64
 
 @dataclass(frozen=True)
 class Launch:
-    """Launch settings of one kernel; ``None`` fields take :func:`resolve_launch`'s default."""
+    """Launch settings of one kernel; ``None`` fields take :func:`resolve_launch`'s default.
+    ``walk`` (Pass-2 only): ``"triton"`` (also ``None``) or ``"gluon"``
+    (:mod:`s2o.kernels.gluon_walk`, Hopper) ranked walk."""
 
     num_warps: int | None = None
     num_stages: int | None = None
     sub_n: int | None = None
+    walk: str | None = None
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -85,6 +89,8 @@ def resolve_launch(
     given = launch or Launch()
     if not isinstance(given, Launch):
         raise ValueError(f"launch settings of {kernel} must be a Launch, got {given!r}")
+    if given.walk is not None and (kernel != "pass2" or given.walk not in WALKS):
+        raise ValueError(f"{kernel}: walk={given.walk!r} is a Pass-2 setting, one of {WALKS}")
     d = _default(kernel, head_d, block_n, device, gather)
     got = replace(d, **{k: v for k, v in vars(given).items() if v is not None})
     # a default sub-tile never exceeds the tile; a given one must divide it

@@ -735,6 +735,20 @@ def s2o_pass2(
     m, l, o1 = state
     walk_keys = _walk_keys(L, segment_len, local_window, block_n, walk_budget, topk_ratio, causal,
                            tau, q.device)  # fmt: skip
+    even = _even(segment_len, local_window, block_n, walk_budget, walk_keys, causal)
+    scope = dict(capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
+                 dtype=q.dtype, head_d=D, block_m=block_m, block_n=block_n, even=even,
+                 keep=_keep(stop_tile), use_qperm=use_qperm, gather=gather, kv_dtype=kvp.dtype,
+                 dense_tail=dense_tail, tail_rank=tail_rank, launch=launch)  # fmt: skip
+    if _gluon_walk(launch, scope, (q, k, v)):
+        from . import gluon_walk
+
+        gluon_walk.launch_walk(
+            q, k, v, out, q_perm.contiguous(), kvp, state, visited, segment_len=segment_len,
+            local_window=local_window, qk_scale=qk_scale, tau=tau, early_stop=early_stop,
+            stages=(launch.num_stages if launch else None) or gluon_walk.STAGES[0],
+        )  # fmt: skip
+        return out, visited
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
         q, k, v, out, q_perm.contiguous(), kvp, m, l, o1, visited,
         visited if walk_keys is None else walk_keys,
@@ -744,10 +758,28 @@ def s2o_pass2(
         *_rank_tail(L, segment_len, tail_rank, kv_perm), BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_D=D, USE_QPERM=use_qperm, GATHER=gather, EARLY_STOP=early_stop,
         KEEP_STOP=_keep(stop_tile), IEEE=ieee, STOP_CHUNK=chunk, STOP_GROW=grow, SUB_N=sub_n,
-        CAUSAL=bool(causal), TOPK=walk_keys is not None,
-        EVEN=_even(segment_len, local_window, block_n, walk_budget, walk_keys, causal), **cfg,
+        CAUSAL=bool(causal), TOPK=walk_keys is not None, EVEN=even, **cfg,
     )  # fmt: skip
     return out, visited
+
+
+def _gluon_walk(launch: Launch | None, scope: dict, qkv) -> bool:
+    """Whether Pass-2 walks in Gluon (:mod:`.gluon_walk`): when ``launch.walk == "gluon"``,
+    refused with the reason where that walk does not take the call. Unset, the walk is Triton's:
+    the Gluon walk ran faster with the stop rule (``results/kernels/run11_h200``) as a probe, and
+    becomes the default once the library's copy passes the GPU test against the Triton walk
+    (``test_gpu_gluon_walk_equals_triton_walk``)."""
+    if launch is None or launch.walk != "gluon":
+        return False
+    try:
+        from . import gluon_walk
+    except ImportError as e:  # a Triton without Gluon's cp.async and wgmma (before 3.5)
+        why = f"needs Triton's Gluon with cp.async and wgmma (3.5 or later): {e}"
+    else:
+        why = gluon_walk.unsupported(**scope, aligned=gluon_walk.aligned(*qkv))
+    if why is not None:
+        raise ValueError(f"launch walk='gluon': the Gluon walk {why}")
+    return True
 
 
 def s2o_fused(
