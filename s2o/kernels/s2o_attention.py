@@ -62,7 +62,6 @@ LOG2E = 1.4426950408889634
 
 # (first chunk, growth per chunk) of the early-stop walk: a pipeline refill per chunk vs wasted
 # products after the stop; (2, 1) was the best overall of the sweep in results/kernels/README.md
-# (H200, 128K: stop logic +8.7% at tau=0, sparse time 1.10-1.26 x d x plain)
 STOP_CHUNK = (2, 1)
 
 
@@ -251,8 +250,7 @@ def _keep_walk_sub_tiled_lean(
 
     This walk won the GPU A/B against a walk carrying a gain accumulator and row flags and
     reducing them at every sub-tile, and against this walk reducing at every sub-tile without the
-    ``if`` (H100, L=32K, D=256, 32/8 heads: stop logic at tau=0 1.10x the plain walk against 1.40x
-    and 1.83x; ``results/kernels/run9_head_dims/README.md``, records
+    ``if`` (H100, L=32K, D=256, 32/8 heads: ``results/kernels/run9_head_dims/README.md``, records
     ``results/benchmarks/bench_s2o/de2ec653f566``, ``79399c883271``, ``b0de1c37bf51``); the
     losers were removed afterwards (git keeps them: ``git log -S subtile_check``).
     Returns ``(m, l, acc, go, visited)``; the chunk's last decision is already in ``go``."""

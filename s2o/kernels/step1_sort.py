@@ -16,14 +16,14 @@ from .cub_sort import rank_rows
 
 # at most this many key-sort rectangles in sort_mode "chunks"; padding waste ~ 1 / (2 * chunks)
 _MAX_SORT_CHUNKS = 8
-# below this many keys (all heads) Step 1 is bound by the host (H200: under ~1.5 ms at L <= 32K),
+# below this many keys (all heads) Step 1 is bound by the host (measured on an H200 at L <= 32K),
 # so "chunks" sorts them in one group (its padding is cheaper than more launches); "cub" (no
 # padding) puts at least this many keys in each group (measured: results/kernels/run8)
 _MIN_GROUP_KEYS = 1 << 23
-# defaults of s2o_step1's sort_mode and index_dtype (results/kernels/run8/step1_probe_07f2549.json;
-# H200, 128K, S=2048, bf16, rev 07f2549: chunks 13.0 ms, full 13.5, cub 7.8, cub with int32
-# kv_perm 7.6). "cub" is not the default because it compiles a CUDA extension on first use
-# (needs nvcc); callers that want it pass sort_mode="cub" (the S2O method: step1_sort).
+# defaults of s2o_step1's sort_mode and index_dtype (the times of each:
+# results/kernels/run8/step1_probe_07f2549.json). "cub" is not the default because it compiles a
+# CUDA extension on first use (needs nvcc); callers that want it pass sort_mode="cub" (the S2O
+# method: step1_sort).
 SORT_MODE, INDEX_DTYPE = "chunks", torch.int64
 _SORT_MODES = ("chunks", "full", "cub")
 
