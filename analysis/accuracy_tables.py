@@ -29,6 +29,7 @@ density, per cell, one series per method. Default outputs (git-ignored):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from collections import defaultdict
@@ -152,6 +153,26 @@ def cell(rec: dict, task: str, length, pool: set[str] | None = None) -> dict[str
             if s["length"] == length and s["task"] == task}  # fmt: skip
 
 
+# One section asks for the same interval and paired comparison from several tables and figures
+# (every page's tables, its figures, the pooled summary: 366 comparisons of 116 pairs of score
+# lists in the pinned records): each is computed once per pair of score lists, and handed out as
+# a copy (the tables add ``p_adj`` to it). ``forget`` empties both, so that each build computes
+# every one afresh (accuracy.section calls it).
+@functools.lru_cache(maxsize=4096)
+def _score_interval(scores: tuple) -> dict:
+    return score_interval(list(scores))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compare(a: tuple, b: tuple) -> dict:
+    return compare_paired(list(a), list(b))
+
+
+def forget() -> None:
+    _score_interval.cache_clear()
+    _compare.cache_clear()
+
+
 def row(
     rec: dict, task: str, length, ref: dict | None, pool: set[str] | None = None
 ) -> dict | None:
@@ -160,7 +181,7 @@ def row(
     lines = cell(rec, task, length, pool)
     if not lines:
         return None
-    ci = score_interval([s["score"] for s in lines.values()])
+    ci = _score_interval(tuple(s["score"] for s in lines.values()))
     dens = [s["density"] for s in lines.values() if s["density"] is not None]
     errs = [s["rel_mse"] for s in lines.values() if s.get("rel_mse") is not None]
     times = [s["prefill_ms"] for s in lines.values() if s.get("prefill_ms") is not None]
@@ -177,7 +198,7 @@ def row(
         ids = sorted(set(lines) & set(ref_lines))
         if ids:
             a = [lines[i]["score"] for i in ids]
-            out["cmp"] = compare_paired(a, [ref_lines[i]["score"] for i in ids])
+            out["cmp"] = dict(_compare(tuple(a), tuple(ref_lines[i]["score"] for i in ids)))
     return out
 
 
