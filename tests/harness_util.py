@@ -12,6 +12,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+# Hydra's parse of each config file (``ConfigRepository.load_config``: the YAML read, its
+# defaults list), by (config sources, file): ``compose`` parses each file once per test process
+# and hands Hydra a deep copy of that parse each time (Hydra changes what it loads). A third of
+# a compose's time otherwise; tests/test_config_ids.py composes 328 command lines. The test
+# processes never change a file under conf/.
+_PARSED: dict = {}
+
+
 def compose(overrides: list[str]):
     """The config of ``python run.py <overrides>``, with its ``hydra`` node. As Hydra does before
     a job, ``HydraConfig`` is set to it (a copy: it makes its hydra node read-only), so that
@@ -20,10 +28,23 @@ def compose(overrides: list[str]):
 
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra._internal.config_repository import ConfigRepository
     from hydra.core.hydra_config import HydraConfig
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+    parse = ConfigRepository.load_config
+
+    def parsed_once(repo, config_path):
+        key = (tuple((s.provider, s.path) for s in repo.sources), config_path)
+        if key not in _PARSED:
+            _PARSED[key] = parse(repo, config_path)
+        return copy.deepcopy(_PARSED[key])
+
+    ConfigRepository.load_config = parsed_once
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+    finally:
+        ConfigRepository.load_config = parse
     HydraConfig.instance().set_config(copy.deepcopy(cfg))
     return cfg
 
