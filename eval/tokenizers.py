@@ -160,9 +160,20 @@ def read_vocab(path: str | Path) -> GGUFVocab:
 
 @functools.lru_cache(maxsize=4)
 def _read_vocab(path: str, size: int, mtime_ns: int) -> GGUFVocab:
+    import numpy as np
     from gguf import GGUFReader
 
-    fields = GGUFReader(str(path)).fields
+    class Reader(GGUFReader):
+        """Reads its fields through a plain ndarray view of the file's memory map: the same
+        bytes, without np.memmap's bookkeeping on each of the millions of small slices a
+        262k-token vocabulary takes (two thirds of Gemma's parse: 28 s -> 9 s of CPU)."""
+
+        def _get(self, *args, **kwargs):
+            if isinstance(self.data, np.memmap):
+                self.data = self.data.view(np.ndarray)
+            return super()._get(*args, **kwargs)
+
+    fields = Reader(str(path)).fields
 
     def get(key, default=None):
         return fields[key].contents() if key in fields else default
