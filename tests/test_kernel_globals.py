@@ -19,7 +19,14 @@ tl = pytest.importorskip("triton.language")
 
 import s2o.kernels  # noqa: E402
 
-JIT_TYPES = ("JITFunction", "InterpretedFunction", "Autotuner", "Heuristics", "JITCallable")
+JIT_TYPES = (
+    "JITFunction",
+    "InterpretedFunction",
+    "Autotuner",
+    "Heuristics",
+    "JITCallable",
+    "GluonJITFunction",
+)
 
 
 def _kernel_modules():
