@@ -734,17 +734,19 @@ def s2o_pass2(
     walk_keys = _walk_keys(L, segment_len, local_window, block_n, walk_budget, topk_ratio, causal,
                            tau, q.device)  # fmt: skip
     even = _even(segment_len, local_window, block_n, walk_budget, walk_keys, causal)
-    scope = dict(capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
-                 dtype=q.dtype, head_d=D, block_m=block_m, block_n=block_n, even=even,
-                 keep=_keep(stop_tile), use_qperm=use_qperm, gather=gather, kv_dtype=kvp.dtype,
-                 dense_tail=dense_tail, tail_rank=tail_rank, launch=launch)  # fmt: skip
-    if _gluon_walk(launch, scope, (q, k, v)):
+    if launch is not None and launch.walk == "gluon":  # the scope is built only when asked
+        scope = dict(capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
+                     dtype=q.dtype, head_d=D, block_m=block_m, block_n=block_n, even=even,
+                     keep=_keep(stop_tile), use_qperm=use_qperm, gather=gather,
+                     kv_dtype=kvp.dtype, dense_tail=dense_tail, tail_rank=tail_rank,
+                     launch=launch)  # fmt: skip
+        _gluon_walk(launch, scope, (q, k, v))  # refuses a call outside its scope, naming why
         from . import gluon_walk
 
         gluon_walk.launch_walk(
             q, k, v, out, q_perm.contiguous(), kvp, state, visited, segment_len=segment_len,
             local_window=local_window, qk_scale=qk_scale, tau=tau, early_stop=early_stop,
-            stages=(launch.num_stages if launch else None) or gluon_walk.STAGES[0],
+            stages=launch.num_stages or gluon_walk.STAGES[0],
         )  # fmt: skip
         return out, visited
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
