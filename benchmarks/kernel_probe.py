@@ -4,7 +4,8 @@ On one Q/K/V (``benchmarks.common.make_qkv``, B=1, bf16, causal, S=2048, 128x128
 SDPA flash and cuDNN, Step 1 (per sort mode, and per CUDA kernel through ``torch.profiler``),
 Pass-1, Pass-2 at every ``--taus`` (tau=0 with and without the stop-rule control flow): the Triton
 walk under the library's launch settings and every ``--variants`` setting, and the Gluon walk
-(:mod:`s2o.kernels.gluon_walk`, Hopper), and the fused kernel. One row per
+(:mod:`s2o.kernels.gluon_walk`, Hopper; ``--gluon-stages``: its other ring sizes), and the fused
+kernel. One row per
 measurement in ``metrics.rows`` (``do_bench`` medians), with the density reached and the
 walked tiles, so ``analysis/kernel_breakdown.py`` turns them into TFLOP/s. ``--once`` runs every
 kernel once, untimed: the command Nsight Compute profiles (its CSV, saved beside the record as
@@ -45,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--length", type=int, default=131072)
     ap.add_argument("--segment-len", type=int, default=2048)
     ap.add_argument("--variants", default="", help="Pass-2 launch settings warps:stages:sub_n,...")
+    ap.add_argument("--gluon-stages", default="", help="Gluon walk ring sizes besides its default")
     ap.add_argument("--taus", default="0,0.005,0.02")
     ap.add_argument("--rep-ms", type=float, default=800.0, help="do_bench budget per timing")
     ap.add_argument("--parts", default=",".join(PARTS))
@@ -91,6 +93,11 @@ def pass2_rows(q, k, v, perms, state, a, geo, bench, emit):
         ]
     if "pass2_gluon" in a.parts:
         variants.append(("pass2_gluon", "default", Launch(walk="gluon")))
+        variants += [
+            ("pass2_gluon", f"stages={n}", Launch(num_stages=int(n), walk="gluon"))
+            for n in a.gluon_stages.split(",")
+            if n
+        ]
     for part, name, lv in variants:
         for tau in (float(t) for t in a.taus.split(",")):
             for stop in [False, True] if tau <= 0 else [True]:
@@ -117,7 +124,8 @@ def main(argv=None) -> dict:
     a = parse_args(argv)
     shape = common.Shape.from_args(a)
     config = {"length": a.length, "segment_len": a.segment_len, "block": a.block,
-              "variants": a.variants, "taus": a.taus, "parts": sorted(a.parts), "once": a.once,
+              "variants": a.variants, "gluon_stages": a.gluon_stages, "taus": a.taus,
+              "parts": sorted(a.parts), "once": a.once,
               "input": a.input, "seed": a.seed, "index_dtype": str(WALK_INDEX_DTYPE),
               "smoke": a.smoke}  # fmt: skip
     rec = common.Recorder(
