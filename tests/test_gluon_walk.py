@@ -3,9 +3,9 @@
 Whether it computes what the Triton walk computes is a GPU test
 (``tests/test_kernels_gpu.py::test_gpu_gluon_walk_equals_triton_walk``): Gluon has no
 interpreter. Here: which calls it takes (and the reason it gives for the others), that it runs
-only when asked (``walk='gluon'``), that asking outside its scope is refused with that reason,
-and that the kernel compiles for sm_90 with the installed Triton within the shared memory of an
-H100/H200.
+by default wherever its scope takes the call and never where ``walk='triton'``, that asking for
+it outside its scope is refused with that reason, and that the kernel compiles for sm_90 with
+the installed Triton within the shared memory of an H100/H200.
 """
 
 from __future__ import annotations
@@ -79,18 +79,29 @@ def test_alignment_of_views():
     assert not gluon_walk.aligned(narrow)
 
 
-def test_the_gluon_walk_is_taken_when_asked_and_the_triton_walk_otherwise():
-    assert _gluon_walk(Launch(walk="gluon"), SCOPE, QKV)
-    assert _gluon_walk(Launch(walk="gluon", num_stages=3), SCOPE, QKV)
-    assert not _gluon_walk(None, SCOPE, QKV)  # the default until the GPU test passes
-    assert not _gluon_walk(Launch(), SCOPE, QKV)
-    assert not _gluon_walk(Launch(walk="triton"), SCOPE, QKV)
-    assert not _gluon_walk(Launch(walk="triton"), {**SCOPE, "capability": None}, QKV)
+def test_the_gluon_walk_is_the_default_in_its_scope_and_triton_walks_when_asked():
+    def scope(**change):
+        return lambda: {**SCOPE, **change}
+
+    assert _gluon_walk(None, scope(), QKV)
+    assert _gluon_walk(Launch(), scope(), QKV)
+    assert _gluon_walk(Launch(walk="gluon"), scope(), QKV)
+    assert _gluon_walk(Launch(walk="gluon", num_stages=3), scope(), QKV)
+    assert not _gluon_walk(Launch(walk="triton"), scope(), QKV)
+    # out of its scope the default is the Triton walk: off Hopper, head_dim 64, 4 warps
+    assert not _gluon_walk(None, scope(capability=None), QKV)
+    assert not _gluon_walk(None, scope(head_d=64), QKV)
+    assert not _gluon_walk(Launch(num_warps=4), scope(launch=Launch(num_warps=4)), QKV)
+
+    def never():
+        raise AssertionError("walk='triton' needs no scope")
+
+    assert not _gluon_walk(Launch(walk="triton"), never, QKV)
 
 
 def test_asking_for_the_gluon_walk_outside_its_scope_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="walk='gluon'.*head_dim 128"):
-        _gluon_walk(Launch(walk="gluon"), {**SCOPE, "head_d": 64}, QKV)
+        _gluon_walk(Launch(walk="gluon"), lambda: {**SCOPE, "head_d": 64}, QKV)
 
 
 def test_pass2_on_the_cpu_refuses_the_gluon_walk_before_any_work():
@@ -159,11 +170,10 @@ def test_the_kernel_compiles_for_sm90_within_hopper_shared_memory():
     """Gluon is experimental and renames its builtins between Triton releases: the kernel must
     compile for sm_90 with the installed Triton (outside the interpreter the other tests run
     under), within the 227 KiB a Hopper block may take, the largest ring included."""
-    configs = [[3, True, "bf16"], [2, False, "fp16"]]
+    configs = [[3, True, "bf16"], [3, False, "fp16"]]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(configs)], env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     shared = json.loads(run.stdout.strip().splitlines()[-1])
     assert len(shared) == 2 and all(0 < s <= 227 * 1024 for s in shared)
-    assert shared[0] > shared[1]  # three ring slots hold more than two

@@ -239,7 +239,7 @@ def test_gpu_flashprefill_selection_matches_reference(L, Hq, Hkv, D):
 
 @pytest.mark.parametrize("L,S,W,Hq,Hkv", [(8192, 2048, 0, 4, 1), (7000, 1024, 256, 4, 2)])
 @pytest.mark.parametrize("tau,early_stop", [(0.005, True), (0.05, True), (0.0, True), (0.0, False)])
-@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("stages", [3])
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
 def test_gpu_gluon_walk_equals_triton_walk(L, S, W, Hq, Hkv, tau, early_stop, stages, dtype):
     """The Gluon walk (s2o.kernels.gluon_walk) makes the Triton walk's decisions on the same

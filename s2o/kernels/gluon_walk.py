@@ -4,9 +4,11 @@ Triton pipelines only ``for`` loops, so the Triton walk (:func:`.s2o_attention._
 a ``while`` loop over chunks of tiles with a pipelined ``for`` loop inside: every chunk drains and
 refills the pipeline, and the tiles of the stop's chunk after the stop are computed as
 identities. Gluon hands the program its shared memory and its asynchronous copies, so this walk is
-one ``while`` loop that owns a ring of ``STAGES`` K/V slots: tile ``j + STAGES - 1``'s gathered
-rows are copied (cp.async) while tile ``j`` is computed, the loop ends at the stop (no dead tiles,
-no refills), and a tile's stop flags are reduced across rows while its ``P V`` product runs.
+one ``while`` loop over a ring of three K/V slots that ends at the stop (no dead tiles, no
+refills). Tile ``j``'s ``P V`` and tile ``j + 1``'s ``QK`` are issued back to back, so the tensor
+cores run both while the warps reduce tile ``j``'s stop flags, wait for tile ``j + 1``'s rows and
+issue tile ``j + 2``'s cp.async copies; the next softmax waits for both (wgmma completes in
+order). At the stop the speculative ``QK`` is waited for and dropped.
 
 One program is one ``BLOCK_M`` query tile of ``Q_perm`` order of one (batch, query head), as in
 ``_s2o_pass2_kernel``: it restarts from the Pass-1 state (``acc = o * l``) and applies the same
@@ -14,10 +16,10 @@ per-tile rule to the same ``m`` and ``l`` with ``stop_tile="keep"`` (the tile th
 stop is added and counted), so the visits are the Triton walk's; the arithmetic of a tile is the
 same sequence of operations.
 
-Opt-in (``Launch(walk="gluon")`` for Pass-2, the S2O method's ``launch={"pass2": {"walk":
-"gluon"}}``): the probe of this walk ran faster than the Triton walk with the stop rule and made
-the same visits and bytes (``results/kernels/run11_h200``); it becomes the default once this copy
-passes the GPU test against the Triton walk (``tests/test_kernels_gpu.py``).
+Pass-2's default walk wherever its scope takes the call (``Launch(walk=None)``);
+``walk="triton"`` and ``walk="gluon"`` choose one (the latter refused outside the scope, naming
+why). The GPU test ``test_gpu_gluon_walk_equals_triton_walk`` holds it to the Triton walk's visits
+and output; ``benchmarks.kernel_probe`` times both on one input.
 
 Scope (:func:`unsupported`): an sm_90 GPU (wgmma), bf16 or fp16, head_dim 128, 128 x 128 tiles,
 8 warps, every ranked tile full (``EVEN``: causal, ``S`` and ``W`` multiples of 128, no walk
@@ -34,6 +36,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -43,7 +46,7 @@ _cp_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 BLOCK, HEAD_D, NUM_WARPS = 128, 128, 8
-STAGES = (2, 3)  # ring slots the shared memory holds at these tiles (3: 224 KiB of 227)
+STAGES = (3,)  # ring slots: tile j (P V), j + 1 (QK), j + 2 (in flight); 224 KiB of 227
 
 
 def unsupported(*, capability, dtype, head_d, block_m, block_n, even, keep, use_qperm, gather,
@@ -156,29 +159,31 @@ def _s2o_pass2_gluon_kernel(
     acc = o1.to(gl.float32) * l_i[:, None]
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
 
+    gl.static_assert(RING == 3)
     visited = n_tiles * 0
     j = n_tiles * 0
     go = n_tiles > 0
-    while go:
-        cp.wait_group(RING - 2)  # tile j has landed (this thread's copies)
-        fence_async_shared()  # cp.async and the Q store go through the generic proxy, wgmma not
-        _barrier()  # everyone's copies of tile j; every warp done with tile j - 1's slot
-        jn = j + RING - 1
-        if jn < n_tiles:
-            _issue(k_smem, v_smem, jn % RING, K_head, V_head, KVP_row, jn, stride_kl, stride_vl,
-                   BLOCK_N, HEAD, load_l)  # fmt: skip
-        cp.commit_group()
-        slot = j % RING
-        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False,
+    # OVERLAP: QK(j + 1) is issued right after P V(j), so the tensor cores run both while the
+    # warps reduce tile j's stop flags, wait for tile j + 1's rows and issue tile j + 2's copies;
+    # the next softmax waits for both (wgmma completes in order). Needs RING == 3: the slots hold
+    # tile j (P V), j + 1 (QK) and j + 2 (in flight).
+    cp.wait_group(RING - 2)  # tile 0 has landed (this thread's copies)
+    fence_async_shared()
+    _barrier()
+    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False,
                           is_async=True)  # fmt: skip
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,)) * qk_scale
+    acc_tok = warpgroup_mma_init(acc)
+    while go:
+        slot = j % RING
+        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc_tok))
+        s = s * qk_scale
         m_new = gl.maximum(m_i, gl.max(s, 1))
         p = gl.exp2(s - m_new[:, None])
         alpha = gl.exp2(m_i - m_new)
         gain = gl.sum(p, 1)
         l_old = l_i * alpha
-        acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_op), v_smem.index(slot),
-                            acc * alpha[:, None], is_async=True)  # fmt: skip
+        acc_tok = warpgroup_mma(gl.convert_layout(p.to(dt), p_op), v_smem.index(slot),
+                                acc * alpha[:, None], is_async=True)  # fmt: skip
         l_i = l_old + gain
         m_i = m_new
         visited += 1
@@ -188,7 +193,20 @@ def _s2o_pass2_gluon_kernel(
             go = (gl.max(flags, 0) > 0) & (j < n_tiles)
         else:
             go = j < n_tiles
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        # tile j's rows (issued one tile earlier) landed for every thread; every warpgroup is past
+        # its wait for P V(j - 2), so tile j - 2's slot takes tile j + 1
+        cp.wait_group(0)
+        fence_async_shared()
+        _barrier()
+        jn = j + 1
+        if go & (jn < n_tiles):
+            _issue(k_smem, v_smem, jn % RING, K_head, V_head, KVP_row, jn, stride_kl, stride_vl,
+                   BLOCK_N, HEAD, load_l)  # fmt: skip
+        cp.commit_group()
+        # QK of tile j (speculative at the stop: its result is then waited for and dropped)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(j % RING).permute((1, 0)), zero,
+                              use_acc=False, is_async=True)  # fmt: skip
+    s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc_tok))
     cp.wait_group(0)  # the ring's copies past the stop, before the shared memory goes
 
     gl.store(VISITED + bh * N_TILES + tile, visited)

@@ -30,8 +30,8 @@ _D256_SUB_N = 64
 @dataclass(frozen=True)
 class Launch:
     """Launch settings of one kernel; ``None`` fields take :func:`resolve_launch`'s default.
-    ``walk`` (Pass-2 only): ``"triton"`` (also ``None``) or ``"gluon"``
-    (:mod:`s2o.kernels.gluon_walk`, Hopper) ranked walk."""
+    ``walk`` (Pass-2 only): the ranked walk, ``"triton"`` or ``"gluon"``
+    (:mod:`s2o.kernels.gluon_walk`, Hopper); ``None``: Gluon where its scope takes the call."""
 
     num_warps: int | None = None
     num_stages: int | None = None

@@ -734,19 +734,21 @@ def s2o_pass2(
     walk_keys = _walk_keys(L, segment_len, local_window, block_n, walk_budget, topk_ratio, causal,
                            tau, q.device)  # fmt: skip
     even = _even(segment_len, local_window, block_n, walk_budget, walk_keys, causal)
-    if launch is not None and launch.walk == "gluon":  # the scope is built only when asked
-        scope = dict(capability=torch.cuda.get_device_capability(q.device) if q.is_cuda else None,
-                     dtype=q.dtype, head_d=D, block_m=block_m, block_n=block_n, even=even,
-                     keep=_keep(stop_tile), use_qperm=use_qperm, gather=gather,
-                     kv_dtype=kvp.dtype, dense_tail=dense_tail, tail_rank=tail_rank,
-                     launch=launch)  # fmt: skip
-        _gluon_walk(launch, scope, (q, k, v))  # refuses a call outside its scope, naming why
+
+    def scope():  # built only where the Gluon walk may take the call
+        cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else None
+        return dict(capability=cap, dtype=q.dtype, head_d=D, block_m=block_m, block_n=block_n,
+                    even=even, keep=_keep(stop_tile), use_qperm=use_qperm, gather=gather,
+                    kv_dtype=kvp.dtype, dense_tail=dense_tail, tail_rank=tail_rank,
+                    launch=launch)  # fmt: skip
+
+    if _gluon_walk(launch, scope, (q, k, v)):
         from . import gluon_walk
 
         gluon_walk.launch_walk(
             q, k, v, out, q_perm.contiguous(), kvp, state, visited, segment_len=segment_len,
             local_window=local_window, qk_scale=qk_scale, tau=tau, early_stop=early_stop,
-            stages=launch.num_stages or gluon_walk.STAGES[0],
+            stages=(launch and launch.num_stages) or gluon_walk.STAGES[0],
         )  # fmt: skip
         return out, visited
     _s2o_pass2_kernel[(n_tiles, B * Hq)](
@@ -763,23 +765,23 @@ def s2o_pass2(
     return out, visited
 
 
-def _gluon_walk(launch: Launch | None, scope: dict, qkv) -> bool:
-    """Whether Pass-2 walks in Gluon (:mod:`.gluon_walk`): when ``launch.walk == "gluon"``,
-    refused with the reason where that walk does not take the call. Unset, the walk is Triton's:
-    the Gluon walk ran faster with the stop rule (``results/kernels/run11_h200``) as a probe, and
-    becomes the default once the library's copy passes the GPU test against the Triton walk
-    (``test_gpu_gluon_walk_equals_triton_walk``)."""
-    if launch is None or launch.walk != "gluon":
+def _gluon_walk(launch: Launch | None, scope, qkv) -> bool:
+    """Whether Pass-2 walks in Gluon (:mod:`.gluon_walk`). ``launch.walk``: ``"triton"`` no,
+    ``"gluon"`` yes or refused naming why its scope does not take the call; unset, wherever the
+    scope (``scope()``: device capability, dtypes, geometry, launch) takes it, the faster walk on
+    Hopper (``benchmarks.kernel_probe``'s ``pass2`` and ``pass2_gluon`` rows)."""
+    walk = None if launch is None else launch.walk
+    if walk == "triton":
         return False
     try:
         from . import gluon_walk
     except ImportError as e:  # a Triton without Gluon's cp.async and wgmma (before 3.5)
         why = f"needs Triton's Gluon with cp.async and wgmma (3.5 or later): {e}"
     else:
-        why = gluon_walk.unsupported(**scope, aligned=gluon_walk.aligned(*qkv))
-    if why is not None:
+        why = gluon_walk.unsupported(**scope(), aligned=gluon_walk.aligned(*qkv))
+    if why is not None and walk == "gluon":
         raise ValueError(f"launch walk='gluon': the Gluon walk {why}")
-    return True
+    return why is None
 
 
 def s2o_fused(
