@@ -137,8 +137,9 @@ def breakdown_frame(rec: dict) -> pd.DataFrame:
 
 def ncu_launches(names) -> list[tuple[str, int] | None]:
     """The ncu launch of each breakdown row: ``benchmarks.kernel_probe --once`` launches Pass-1
-    once for the state, then every Pass-2 and fused row twice (its walk counts, its timing), in
-    the record's order, so the ``i``-th Pass-2 (fused) row is launch ``2 i`` of its kernel."""
+    once for the state, then every Pass-2 (Triton, then Gluon walk) and fused row twice (its walk
+    counts, its timing), in the record's order, so the ``i``-th row of a kernel is its launch
+    ``2 i``."""
     count, out = defaultdict(int), []
     for n in names:
         kernel = next(
@@ -147,6 +148,7 @@ def ncu_launches(names) -> list[tuple[str, int] | None]:
                 for p, k in (
                     ("Pass-1", "_s2o_pass1_kernel"),
                     ("Pass-2", "_s2o_pass2_kernel"),
+                    ("Gluon walk", "_s2o_pass2_gluon_kernel"),
                     ("fused", "_s2o_fused_kernel"),
                 )
                 if n.startswith(p)

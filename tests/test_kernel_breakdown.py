@@ -47,7 +47,7 @@ def test_ncu_launches_maps_rows_to_the_probes_launch_order():
     ]
 
 
-def test_gluon_walk_rows_are_named_apart_and_take_no_triton_launch():
+def test_gluon_walk_rows_are_named_apart_and_map_to_the_gluon_kernels_launches():
     from analysis.kernel_breakdown import breakdown_frame
 
     row = dict(launch="default", stop_logic=True, density=0.1, walked_tiles=1000.0)
@@ -61,4 +61,8 @@ def test_gluon_walk_rows_are_named_apart_and_take_no_triton_launch():
     }  # fmt: skip
     names = list(breakdown_frame(rec)["kernel"])
     assert names == ["Pass-2 tau=0.005", "Gluon walk (Pass-2) tau=0.005", "Pass-2 tau=0.02"]
-    assert ncu_launches(names) == [("_s2o_pass2_kernel", 0), None, ("_s2o_pass2_kernel", 2)]
+    assert ncu_launches(names) == [
+        ("_s2o_pass2_kernel", 0),
+        ("_s2o_pass2_gluon_kernel", 0),
+        ("_s2o_pass2_kernel", 2),
+    ]
