@@ -36,9 +36,13 @@ VERDICTS = (  # (test on the Speed-of-Light numbers, sentence); the first that h
         "{eligible:.2f} of {active:.2f} warps per scheduler eligible",
     ),
     (
-        lambda m: True,
+        lambda m: m["occupancy"] is not None,
         "latency-bound: neither unit above {bound:.0f}% of its peak, "
         "{occupancy:.1f}% achieved occupancy",
+    ),
+    (
+        lambda m: True,  # ncu ran the Speed-of-Light section alone
+        "latency-bound: neither unit above {bound:.0f}% of its peak",
     ),
 )
 NCU_COLUMNS = {

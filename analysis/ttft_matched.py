@@ -129,16 +129,31 @@ def families(rec: dict) -> dict[int, dict[tuple[str, str], list[dict]]]:
 
 
 def family_names(rec: dict) -> dict[tuple[str, str], str]:
-    """A family's name: its method and the knobs whose values differ among that method's
-    families in the record (``s2o``, ``s2o step1_sort=cub``)."""
-    keys = {k for fams in families(rec).values() for k in fams}
+    """A family's name: its method and the knobs in which it differs from the method's base
+    family, the one holding the row of the method at its defaults (label ``s2o``); without such a
+    row, every knob whose value differs among the method's families. ``s2o``, ``s2o
+    step1_sort=cub``, ``s2o launch.pass2.walk=triton``."""
+    fams = families(rec)
+    keys = {k for by_key in fams.values() for k in by_key}
+    base = {m: rest for by_key in fams.values() for (m, rest), rows in by_key.items()
+            if any(r["label"] == m for r in rows)}  # fmt: skip
     names = {}
     for method, rest in keys:
         mine = json.loads(rest)
-        others = [json.loads(r) for m, r in keys if m == method]
-        vary = sorted({k for o in others for k in set(o) | set(mine) if o.get(k) != mine.get(k)})
-        names[(method, rest)] = " ".join([method] + [f"{k}={mine[k]}" for k in vary if k in mine])
+        if method in base:
+            ref = [json.loads(base[method])]
+        else:
+            ref = [json.loads(r) for m, r in keys if m == method]
+        vary = sorted({k for o in ref for k in set(o) | set(mine) if o.get(k) != mine.get(k)})
+        names[(method, rest)] = " ".join([method] + [_knob(k, mine[k]) for k in vary if k in mine])
     return names
+
+
+def _knob(key: str, value) -> str:
+    """``key=value``, a mapping flattened to dotted keys (``launch.pass2.walk=triton``)."""
+    if isinstance(value, dict) and value:
+        return " ".join(_knob(f"{key}.{k}", v) for k, v in sorted(value.items()))
+    return f"{key}={value}"
 
 
 def matched_rows(s2o: list[dict], fp: list[dict], dense: dict) -> list[dict]:

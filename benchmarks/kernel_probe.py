@@ -12,7 +12,9 @@ kernel once, untimed: the command Nsight Compute profiles (its CSV, saved beside
 ``ncu.csv``, gives the page its bound verdicts).
 
     python -m benchmarks.kernel_probe --length 131072 --heads 32/8 --rev <sha>          # GPU
-    ncu --csv --page details --section SpeedOfLight ... python -m benchmarks.kernel_probe --once
+    ncu --csv --page details -k regex:_s2o_ --section SpeedOfLight --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        python -m benchmarks.kernel_probe --once --parts pass1,pass2,pass2_gluon,fused > ncu.csv
     python -m benchmarks.kernel_probe --smoke --out /tmp/bench                           # CPU check
 """
 

@@ -32,6 +32,8 @@ def test_verdict_rules():
     assert verdict({**base, "mem": 61.0}) == "memory-bound"
     assert "0.50 of 2.00 warps" in verdict({**base, "eligible": 0.5, "active": 2.0})
     assert "12.5% achieved occupancy" in verdict(base)
+    sol_only = {**base, "occupancy": None}  # ncu ran the Speed-of-Light section alone
+    assert verdict(sol_only) == "latency-bound: neither unit above 60% of its peak"
 
 
 def test_ncu_launches_maps_rows_to_the_probes_launch_order():

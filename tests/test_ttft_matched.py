@@ -89,17 +89,36 @@ def test_families_split_by_every_knob_but_the_swept_one():
     rec = _record(rows)
     fams = tm.families(rec)[8]
     assert sorted(len(v) for v in fams.values()) == [1, 2, 2]
-    assert sorted(tm.family_names(rec).values()) == [
-        "flashprefill", "s2o step1_sort=chunks", "s2o step1_sort=cub"]  # fmt: skip
+    assert sorted(tm.family_names(rec).values()) == ["flashprefill", "s2o", "s2o step1_sort=cub"]
     df = tm.matched_frame([rec])
-    assert set(df["S2O"]) == {"s2o step1_sort=chunks", "s2o step1_sort=cub"}
+    assert set(df["S2O"]) == {"s2o", "s2o step1_sort=cub"}
     cub = df[df["S2O"] == "s2o step1_sort=cub"].set_index("measured")
     assert cub.loc["s2o_step1_sortcub_tau0.02", "S2O / FlashPrefill"] == pytest.approx(0.8)
     assert cub.loc["flashprefill_alpha0.05", "match"] == "outside S2O's one density (0.100)"
     text = tm.verdicts(df)
-    assert "8, s2o step1_sort=chunks against flashprefill: S2O is faster" in text[0]
+    assert "8, s2o against flashprefill: S2O is faster" in text[0]
     assert "at every matched density (2 points, S2O / FlashPrefill 0.83 to 0.90)" in text[0]
     assert text[-1].endswith("open, no matched point at 32K, 64K, 128K.")
+
+
+def test_families_are_named_by_what_differs_from_the_methods_defaults():
+    """The family holding the method's own row (label ``s2o``) is the base; the others name the
+    knobs they change, a mapping flattened; without a base row every knob that varies is named."""
+    base = {"tau": 0.005, "step1_sort": "chunks", "launch": None}
+    walk = {"pass2": {"walk": "triton"}}
+    rows = DENSE + [
+        _point("s2o", 0.2, 100.0, base),
+        _point("s2o_tau0.02", 0.1, 90.0, base | {"tau": 0.02}),
+        _point("s2o_launch_tau0.02", 0.1, 95.0, base | {"tau": 0.02, "launch": walk}),
+        _point("s2o_cub_tau0.02", 0.1, 80.0, base | {"tau": 0.02, "step1_sort": "cub"}),
+    ]  # fmt: skip
+    names = sorted(tm.family_names(_record(rows)).values())
+    assert names == ["s2o", "s2o launch.pass2.walk=triton", "s2o step1_sort=cub"]
+    no_base = sorted(tm.family_names(_record(DENSE + rows[-2:])).values())
+    assert no_base == [
+        "s2o launch.pass2.walk=triton step1_sort=chunks",
+        "s2o launch=None step1_sort=cub",
+    ]
 
 
 def test_records_without_row_knobs_take_them_from_their_entries():
