@@ -116,7 +116,8 @@ def breakdown_frame(rec: dict) -> pd.DataFrame:
         if part == "full":
             name, flop = f"SDPA {r['backend']} (dense)", 4.0 * L * L / 2 * D * hq
         elif part == "step1":
-            name = f"Step 1 ({r['sort']} sort), all kernels"
+            bits = f", {r['score_bits']}-bit scores" if r.get("score_bits") else ""
+            name = f"Step 1 ({r['sort']} sort{bits}), all kernels"
         elif part == "pass1":
             name = "Pass-1"
         elif part in ("pass2", "pass2_gluon", "fused"):

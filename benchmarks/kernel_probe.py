@@ -50,12 +50,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--variants", default="", help="Pass-2 launch settings warps:stages:sub_n,...")
     ap.add_argument("--gluon-stages", default="", help="Gluon walk ring sizes besides its default")
     ap.add_argument("--taus", default="0,0.005,0.02")
+    ap.add_argument("--step1-sorts", default="chunks,full",
+                    help="Step 1's sort modes to time; cub16, cub24: cub with score_bits 16, 24 "
+                         "(and the share of kv_perm that differs, Pass-2 walks)")  # fmt: skip
     ap.add_argument("--rep-ms", type=float, default=800.0, help="do_bench budget per timing")
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--once", action="store_true", help="each kernel once, untimed (for ncu)")
     common.add_common_args(ap)
     args = ap.parse_args(argv)
     args.parts = set(args.parts.split(","))
+    args.step1_sorts = [_sort_spec(x) for x in args.step1_sorts.split(",") if x]
     if not args.parts <= set(PARTS):
         raise SystemExit(f"--parts: unknown {sorted(args.parts - set(PARTS))} (known: {PARTS})")
     args.block = 128
@@ -63,6 +67,36 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.length, args.segment_len, args.block = 128, 32, 16
         args.parts -= {"full", "profile", "pass2_gluon"}  # Gluon has no interpreter
     return args
+
+
+def _sort_spec(text: str) -> tuple[str, int]:
+    """``chunks`` -> ``("chunks", 32)``, ``cub16`` -> ``("cub", 16)``; a bad value names itself."""
+    mode, bits = text.rstrip("0123456789"), text[len(text.rstrip("0123456789")) :]
+    if mode not in ("chunks", "full", "cub") or (bits and (mode != "cub" or int(bits) >= 32)):
+        raise SystemExit(f"--step1-sorts: unknown {text!r} (chunks, full, cub, cub16, cub24)")
+    return mode, int(bits or 32)
+
+
+def score_bits_rows(q, k, v, perms, state, a, geo, bench, emit):
+    """Each ``--step1-sorts`` entry with ``score_bits < 32``: the share of ``kv_perm`` entries
+    that differ from the exact ranking's, then Pass-2 (the default walk) at every tau on its
+    perms beside the exact perms': walked tiles and the largest output difference."""
+    for mode, bits in a.step1_sorts:
+        if bits == 32:
+            continue
+        alt = s2o_step1(q, k, segment_len=a.segment_len, sort_mode=mode, score_bits=bits,
+                        index_dtype=WALK_INDEX_DTYPE)  # fmt: skip
+        ranked = perms[1] >= 0
+        differs = float(((alt[1] != perms[1]) & ranked).double().sum() / ranked.double().sum())
+        emit(part="step1_score_bits", sort=mode, score_bits=bits, kv_perm_differs=differs)
+        for tau in (float(t) for t in a.taus.split(",")):
+            kw = dict(tau=tau, early_stop=True, **geo)
+            out, vis = s2o_pass2(q, k, v, state, *perms, **kw)
+            alt_out, alt_vis = s2o_pass2(q, k, v, state, *alt, **kw)
+            emit(part="pass2_score_bits", sort=mode, score_bits=bits, tau=tau,
+                 walked_tiles=float(alt_vis.double().sum()),
+                 walked_tiles_exact=float(vis.double().sum()),
+                 max_abs_diff=float((alt_out.float() - out.float()).abs().max()))  # fmt: skip
 
 
 def step1_profile(q, k, S: int) -> list[dict]:
@@ -127,6 +161,7 @@ def main(argv=None) -> dict:
     shape = common.Shape.from_args(a)
     config = {"length": a.length, "segment_len": a.segment_len, "block": a.block,
               "variants": a.variants, "gluon_stages": a.gluon_stages, "taus": a.taus,
+              "step1_sorts": [f"{m}{b if b < 32 else ''}" for m, b in a.step1_sorts],
               "parts": sorted(a.parts), "once": a.once,
               "input": a.input, "seed": a.seed, "index_dtype": str(WALK_INDEX_DTYPE),
               "smoke": a.smoke}  # fmt: skip
@@ -168,16 +203,13 @@ def main(argv=None) -> dict:
             )
     perms = s2o_step1(q, k, segment_len=S, index_dtype=WALK_INDEX_DTYPE)
     if "step1" in a.parts:
-        for mode in ("chunks", "full"):
-            emit(
-                part="step1",
-                sort=mode,
-                ms=bench(
-                    lambda m=mode: s2o_step1(
-                        q, k, segment_len=S, sort_mode=m, index_dtype=WALK_INDEX_DTYPE
-                    )
-                ),
+        for mode, bits in a.step1_sorts:
+            ms = bench(
+                lambda m=mode, b=bits: s2o_step1(
+                    q, k, segment_len=S, sort_mode=m, score_bits=b, index_dtype=WALK_INDEX_DTYPE
+                )
             )
+            emit(part="step1", sort=mode, **({"score_bits": bits} if bits < 32 else {}), ms=ms)
     if "profile" in a.parts and not a.once:
         emit(part="step1_kernels", kernels=step1_profile(q, k, S))
     state = s2o_pass1(q, k, v, **geo)
@@ -185,6 +217,8 @@ def main(argv=None) -> dict:
         emit(part="pass1", ms=bench(lambda: s2o_pass1(q, k, v, **geo)))
     if a.parts & {"pass2", "pass2_gluon"}:
         pass2_rows(q, k, v, perms, state, a, geo, bench, emit)
+    if "step1" in a.parts and not a.once:
+        score_bits_rows(q, k, v, perms, state, a, geo, bench, emit)
     if "fused" in a.parts:
         for tau in (float(t) for t in a.taus.split(",")):
             _, vis = s2o_fused(q, k, v, perms[1], tau=tau, **geo)

@@ -90,6 +90,17 @@ def ranked_prefix_len(segment_start: int, local_window: int) -> int:
     return max(0, segment_start - local_window)
 
 
+def score_buckets(s: torch.Tensor, bits: int) -> torch.Tensor:
+    """int64 ``[0, 2**bits)``: the top ``bits`` bits of the order-preserving uint32 image of fp32
+    ``s`` (``-0.0`` as ``+0.0``, NaN above everything): a larger score never gets a smaller
+    bucket, and scores that share the top bits share one. Step 1's ``score_bits`` ranks by it."""
+    b = s.float().contiguous().view(torch.int32).long()
+    asc = torch.where(b < 0, b ^ 0x7FFFFFFF, b)
+    asc = torch.where((b & 0x7FFFFFFF) == 0, 0, asc)
+    asc = torch.where(s != s, 2**31 - 1, asc)
+    return (asc + 2**31) >> (32 - bits)
+
+
 def s2o_permutations(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -98,11 +109,14 @@ def s2o_permutations(
     causal: bool = True,
     dense_tail: int = 0,
     tail_rank: int = 0,
+    score_bits: int = 32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 (Alg. 1): the index arrays, nothing else is moved. ``dense_tail`` (a named
     variant, :mod:`s2o.dense_tail`): the last ``dense_tail`` rows leave ``Q_perm``'s order.
     ``tail_rank`` (a named variant, :mod:`s2o.tail_rank`): so do the last ``tail_rank`` rows, and
     ``kv_perm`` gets one more row per segment holding them, ranked by their own mean query.
+    ``score_bits`` < 32 (a named variant; causal, no ``tail_rank``): ``kv_perm`` ranks the keys
+    by :func:`score_buckets` of their scores, ties in ascending position (32: the fp32 scores).
 
     Args:
         q: ``[B, Hq, L, D]``; k: ``[B, Hkv, L, D]``.
@@ -143,6 +157,10 @@ def s2o_permutations(
         beyond = (pos[None, :] >= lo[:, None]) & (pos[None, :] < end[:, None])
     s_k = s_k.masked_fill(beyond, float("-inf"))
     p_max = int(prefix.max())
+    if score_bits < 32:
+        if not causal or tail_rank:
+            raise ValueError(f"score_bits={score_bits} ranks a causal prefix without tail_rank")
+        s_k = score_buckets(s_k, score_bits).masked_fill(beyond, -1)
     kv_perm = torch.sort(s_k, dim=-1, descending=True, stable=True).indices[..., :p_max].clone()
     kv_perm.masked_fill_(torch.arange(p_max, device=q.device) >= prefix[:, None], -1)
     if tail_rank:

@@ -36,16 +36,28 @@ from .step1_sort import (
     INDEX_DTYPE,
     SORT_MODE,
     _cub_bits,
-    _desc_key,
     _keys_before,
     _rank_chunk,
     _sort_groups,
+    _sort_key,
 )
 
+SCORE_BITS = (16, 24, 32)  # s2o_step1's score_bits: 32 ranks the exact fp32 scores
 
-def _check_step1_options(sort_mode: str | None, index_dtype: torch.dtype | None) -> None:
+
+def _check_step1_options(
+    sort_mode: str | None, index_dtype: torch.dtype | None, score_bits: int = 32, causal=True,
+    tail_rank: int = 0,
+) -> None:  # fmt: skip
     if sort_mode is not None and sort_mode not in _SORT_MODES:
         raise ValueError(f"sort_mode must be one of {_SORT_MODES}, got {sort_mode!r}")
+    if score_bits not in SCORE_BITS:
+        raise ValueError(f"score_bits must be one of {SCORE_BITS}, got {score_bits!r}")
+    if score_bits < 32 and (sort_mode != "cub" or not causal or tail_rank):
+        raise ValueError(
+            f"score_bits={score_bits} ranks with one CUB sort: it needs sort_mode='cub' (got "
+            f"{sort_mode!r}), causal=True (got {causal}) and no tail_rank (got {tail_rank})"
+        )
     if index_dtype is not None and index_dtype not in (torch.int64, torch.int32):
         raise ValueError(f"index_dtype must be torch.int64 or torch.int32, got {index_dtype}")
 
@@ -83,7 +95,7 @@ def _s2o_key_scores_kernel(
     stride_kb, stride_kh, stride_kl, stride_ob, stride_oh, stride_on,
     Hkv, GROUP, n0, nc, n_seg, S, W, rows, n_rb, width, head_keys, pos_bits,
     NPARTS: tl.constexpr, RB: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
-    KEYS_OUT: tl.constexpr, IEEE: tl.constexpr,
+    KEYS_OUT: tl.constexpr, IEEE: tl.constexpr, SCORE_BITS: tl.constexpr,
 ):  # fmt: skip
     """Program (key tile, ``(b * Hkv + hk) * n_rb + row block``): scores of ``RB`` rows
     ``r = g * nc + j`` (query head ``hk * GROUP + g``, segment ``n0 + j``) of one group against
@@ -121,8 +133,9 @@ def _s2o_key_scores_kernel(
     bh = b * (Hkv * GROUP) + hk * GROUP + g  # [RB]
     if KEYS_OUT:
         dst = (bh * head_keys + _keys_before(n0, n0 + j, S, W))[:, None] + cols[None, :]
-        tl.store(KEYS + dst, _desc_key(acc).to(tl.int32), mask=key)
-        val = ((bh * nc + j).to(tl.int64) << pos_bits)[:, None] | cols[None, :]
+        row = (bh * nc + j).to(tl.int64)[:, None]
+        tl.store(KEYS + dst, _sort_key(acc, row, SCORE_BITS).to(tl.int32), mask=key)
+        val = (row << pos_bits) | cols[None, :]
         tl.store(VALS + dst, val.to(tl.int32), mask=key)
     else:
         o = (
@@ -190,7 +203,8 @@ def _score_operands(q_mean: torch.Tensor, k: torch.Tensor):
     return qm[:, None].contiguous(), k.float()
 
 
-def _fused_group(qx, kx, shape, prefix, a, b, sort_mode, segment_len, local_window):
+def _fused_group(qx, kx, shape, prefix, a, b, sort_mode, segment_len, local_window,
+                 score_bits=32):  # fmt: skip
     """Scores of segments ``a..b-1`` from :func:`_s2o_key_scores_kernel`: ``(s_k, keys)`` as
     :func:`_rank_chunk` takes them (the rectangle for ``torch.sort``, the packed keys for cub).
     Host work per group is this launch and the outputs' allocation: with many short groups (short
@@ -215,7 +229,8 @@ def _fused_group(qx, kx, shape, prefix, a, b, sort_mode, segment_len, local_wind
         kx.stride(0), kx.stride(1), kx.stride(2), *((0, 0, 0) if keys else s_k.stride()[:3]),
         Hkv, group, a, nc, n_seg, segment_len, local_window, rows, n_rb, width, head_keys, pos_bits,
         NPARTS=qx.shape[1], RB=rb, BLOCK_N=block_n, HEAD_D=qx.shape[-1],
-        KEYS_OUT=keys is not None, IEEE=qx.dtype == torch.float32, num_warps=4,
+        KEYS_OUT=keys is not None, IEEE=qx.dtype == torch.float32, SCORE_BITS=score_bits,
+        num_warps=4,
     )  # fmt: skip
     return s_k, keys
 
@@ -291,6 +306,7 @@ def s2o_step1(
     causal: bool = True,
     fused_scores: bool | None = None,
     tail_rank: int = 0,
+    score_bits: int = 32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 (Alg. 1): ``(q_perm [B, Hq, L] int64, kv_perm [B, Hq, N, P_max])``.
 
@@ -313,6 +329,11 @@ def s2o_step1(
             ``tail_rank`` rows go last in their segments' ``q_perm`` and ``kv_perm`` gets one row
             per segment holding them, ranked by their own mean query (:func:`_rank_tail`);
             causal only.
+        score_bits: 32 ranks the fp32 scores (the specification); 16 or 24 (a named variant,
+            ``sort_mode="cub"`` and causal only) ranks by the top bits of each score's
+            order-preserving uint32 image, ties in ascending position
+            (:func:`s2o.reference.score_buckets`), so one CUB sort of ``row << score_bits |``
+            those bits ranks every row of a group.
     Returns:
         q_perm: absolute query positions, descending ``<q, mean(k[:, :, :S])>`` inside each segment.
         kv_perm: row ``n`` = keys ``0..P_n-1`` (``P_n = max(0, n*S - W)``) in descending
@@ -321,6 +342,7 @@ def s2o_step1(
             With ``tail_rank``, the tail's rows follow (:func:`s2o.tail_rank.tail_rows`).
     """
     if tail_rank:
+        _check_step1_options(sort_mode, index_dtype, score_bits, causal, tail_rank)
         if not causal:
             raise ValueError(f"tail_rank={tail_rank} ranks a causal prefix: causal must be True")
         q_perm, kv_perm = s2o_step1(
@@ -337,9 +359,10 @@ def s2o_step1(
     n_seg = triton.cdiv(L, S)
     prefix = [max(0, n * S - local_window) for n in range(n_seg)]
     p_max = prefix[-1]
-    _check_step1_options(sort_mode, index_dtype)  # before any early return: also for L < S
     index_dtype = INDEX_DTYPE if index_dtype is None else index_dtype
     sort_mode = SORT_MODE if sort_mode is None else sort_mode
+    # before any early return: also for L < S
+    _check_step1_options(sort_mode, index_dtype, score_bits, causal)
 
     k_guide = k[:, :, : min(S, L)].sum(dim=2, dtype=torch.float32) / min(S, L)  # [B, Hkv, D]
     q_mean, s_q = _query_stats(q, k_guide, S)
@@ -364,17 +387,19 @@ def s2o_step1(
         kf = (k.float() if k.is_contiguous() else k[:, :, :p_max].float())[:, :, :p_max]
     else:
         qx, kx = _score_operands(q_mean, k)
-    groups = _sort_groups(prefix, B * Hq, sort_mode)
+    groups = _sort_groups(prefix, B * Hq, sort_mode, score_bits=score_bits)
     kv_perm[:, :, : groups[0][0]] = -1  # segments with an empty prefix
     for a, b in groups:
         width = prefix[b - 1]
         if fused:
             s_k, keys = _fused_group(
-                qx, kx, (B, Hkv, group, n_seg), prefix, a, b, sort_mode, S, local_window
-            )
+                qx, kx, (B, Hkv, group, n_seg), prefix, a, b, sort_mode, S, local_window,
+                score_bits,
+            )  # fmt: skip
         else:
             qm = q_mean[:, :, :, a:b].reshape(B, Hkv, group * (b - a), D)
             s_k = torch.matmul(qm, kf[:, :, :width].transpose(-1, -2)).view(B, Hq, b - a, width)
             keys = None
-        _rank_chunk(s_k, kv_perm, prefix, a, S, local_window, sort_mode, keys, masked=fused)
+        _rank_chunk(s_k, kv_perm, prefix, a, S, local_window, sort_mode, keys, masked=fused,
+                    score_bits=score_bits)  # fmt: skip
     return q_perm, kv_perm

@@ -74,18 +74,29 @@ def _s2o_place_kernel(
 @triton.jit
 def _s2o_cub_keys_kernel(
     SC, KEYS, VALS, stride_sbh, stride_sn, n0, nc, S, W, head_keys, pos_bits,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, SCORE_BITS: tl.constexpr,
 ):  # fmt: skip
     """Program (column tile, ``bh * nc + j``): for key ``c < P`` of row ``r = bh * nc + j`` the
-    uint32 ``u`` (ascending = fp32 score descending, ``-0.0`` as ``+0.0``, NaN first) and the value
-    ``r << pos_bits | c``, back to back per row (COMPACT layout of the place kernel); both uint32
-    stored as int32."""
+    uint32 sort key (:func:`_sort_key`) and the value ``r << pos_bits | c``, back to back per row
+    (COMPACT layout of the place kernel); both uint32 stored as int32."""
     pid, bh, j, P, cols = _chunk_tile(n0, nc, S, W, BLOCK)
     ok = cols < P
     score = tl.load(SC + bh.to(tl.int64) * stride_sbh + j * stride_sn + cols, mask=ok, other=0.0)
     dst = bh.to(tl.int64) * head_keys + _keys_before(n0, n0 + j, S, W) + cols
-    tl.store(KEYS + dst, _desc_key(score).to(tl.int32), mask=ok)  # uint32 stored as int32
-    tl.store(VALS + dst, ((pid.to(tl.int64) << pos_bits) | cols).to(tl.int32), mask=ok)
+    row = pid.to(tl.int64)
+    tl.store(KEYS + dst, _sort_key(score, row, SCORE_BITS).to(tl.int32), mask=ok)  # uint32
+    tl.store(VALS + dst, ((row << pos_bits) | cols).to(tl.int32), mask=ok)
+
+
+@triton.jit
+def _sort_key(score, row, SCORE_BITS: tl.constexpr):
+    """The uint32 (in an int64) that ranks ``score`` inside its ``row``: :func:`_desc_key`
+    (ascending = descending score) or, with ``SCORE_BITS < 32``, ``row << SCORE_BITS |`` its top
+    ``SCORE_BITS`` bits (scores that share them tie: ascending position decides)."""
+    key = _desc_key(score)
+    if SCORE_BITS < 32:
+        key = (row << SCORE_BITS) | (key >> (32 - SCORE_BITS))
+    return key
 
 
 @triton.jit
@@ -100,16 +111,17 @@ def _desc_key(score):
 
 
 def _rank_chunk(
-    s_k, kv_perm, prefix, a, segment_len, local_window, sort_mode, keys=None, masked=False
-):
+    s_k, kv_perm, prefix, a, segment_len, local_window, sort_mode, keys=None, masked=False,
+    score_bits=32,
+):  # fmt: skip
     """Rank chunk ``a..a+nc-1`` and write its rows of ``kv_perm`` (the placing kernel writes each
     row's ``-1`` padding in the same pass). ``s_k`` ``[B, Hq, nc, width]`` fp32 scores.
 
     ``torch.sort``: columns past a row's prefix must hold ``-inf`` (they sort after every real
     score and are cut off when placing); set here unless ``masked``. ``"cub"``: the valid keys of
     all rows, back to back, go through :func:`~s2o.kernels.cub_sort.rank_rows` (two stable
-    device-wide radix sorts); ``keys`` = ``(keys, vals)`` already packed, or None to pack them
-    from ``s_k``."""
+    device-wide radix sorts, one with ``score_bits < 32``); ``keys`` = ``(keys, vals)`` already
+    packed, or None to pack them from ``s_k``."""
     B, Hq, nc, width = s_k.shape
     n_seg, p_max = kv_perm.shape[2], kv_perm.shape[3]
     block = 1024
@@ -125,9 +137,9 @@ def _rank_chunk(
             )
             _s2o_cub_keys_kernel[(triton.cdiv(width, block), B * Hq * nc)](
                 s_k, *keys, s_k.stride(1), s_k.stride(2), a, nc, segment_len, local_window,
-                head_keys, pos_bits, BLOCK=block,
+                head_keys, pos_bits, BLOCK=block, SCORE_BITS=score_bits,
             )  # fmt: skip
-        idx = rank_rows(*keys, pos_bits, row_bits)
+        idx = rank_rows(*keys, pos_bits, row_bits, score_bits)
         _s2o_place_kernel[grid](idx, kv_perm, *geo, head_keys, pos_bits, BLOCK=block, COMPACT=True)
         return
     if not masked:
@@ -149,6 +161,7 @@ def _sort_groups(
     *,
     max_chunks: int | None = None,
     min_keys: int | None = None,
+    score_bits: int = 32,
 ) -> list[tuple[int, int]]:
     """Contiguous groups of segments (non-empty prefix) whose keys one ``torch.sort`` call ranks.
 
@@ -156,7 +169,7 @@ def _sort_groups(
     ``_MIN_GROUP_KEYS`` keys in all (one call per group; with >= 128 rows torch runs cub's
     segmented radix sort, one thread block per row). ``"cub"``: at most ``_MAX_SORT_CHUNKS``
     groups of at least ``_MIN_GROUP_KEYS`` keys, more where a group's ``row << pos_bits |
-    position`` would not fit 32 bits.
+    position`` would not fit 32 bits (or, with ``score_bits < 32``, a row id beside the score).
     ``"full"``: groups of fewer than 128 rows, for which torch sorts the whole group with two
     device-wide radix sorts (keys, then row id), which streams at full bandwidth.
     ``max_chunks`` / ``min_keys`` replace ``_MAX_SORT_CHUNKS`` / ``_MIN_GROUP_KEYS`` (benchmarks).
@@ -177,6 +190,8 @@ def _sort_groups(
             # segments per group whose row ids fit next to the positions in 32 bits (none fit:
             # one segment per group, and rank_rows names the bit counts)
             fit = (1 << max(0, 32 - _cub_bits(prefix[-1], 1)[0])) // rows_per_segment
+            if score_bits < 32:
+                fit = min(fit, (1 << (32 - score_bits)) // rows_per_segment)
             n_chunks = min(live, max(n_chunks, -(-live // max(1, fit))))
         else:
             n_chunks = 1 if keys < min_keys else min(max_chunks, live)
