@@ -90,6 +90,9 @@ def ranked_prefix_len(segment_start: int, local_window: int) -> int:
     return max(0, segment_start - local_window)
 
 
+SCORE_BITS = (16, 24, 32)  # Step 1's score_bits: 32 ranks the fp32 scores (the paper's Step 1)
+
+
 def score_buckets(s: torch.Tensor, bits: int) -> torch.Tensor:
     """int64 ``[0, 2**bits)``: the top ``bits`` bits of the order-preserving uint32 image of fp32
     ``s`` (``-0.0`` as ``+0.0``, NaN above everything): a larger score never gets a smaller

@@ -120,3 +120,32 @@ def test_bad_settings_are_refused_naming_them(kw, match, gen):
         s2o_step1(q, k, segment_len=32, **kw)
     with pytest.raises(ValueError, match="causal prefix without tail_rank"):
         s2o_permutations(q, k, 32, causal=False, score_bits=16)
+
+
+def test_the_method_knob_is_optional_and_ranks_as_the_reference(gen):
+    """``step1_score_bits`` is an optional S2O knob (absent from a default run's config): at 16
+    the reference path's Step 1 is the reference ranking by buckets, so the attention equals
+    ``s2o_reference`` on those perms; the settings it cannot take are refused at bind, naming
+    them."""
+    import s2o
+    from s2o.methods.s2o import DEFAULTS, OPTIONAL_KNOBS
+    from s2o.reference import s2o_reference
+
+    assert "step1_score_bits" in OPTIONAL_KNOBS and DEFAULTS["step1_score_bits"] == 32
+    L, S = 256, 64
+    q = torch.randn(1, 2, L, 16, generator=gen)
+    k, v = torch.randn(1, 1, L, 16, generator=gen), torch.randn(1, 1, L, 16, generator=gen)
+    knobs = dict(segment_len=S, block_m=16, block_n=16, tau=0.01, impl="reference")
+    out, _ = s2o.sparse_attention("s2o", q, k, v, step1_score_bits=16, **knobs)
+    perms = s2o_permutations(q, k, S, score_bits=16)
+    want, _ = s2o_reference(q, k, v, segment_len=S, local_window=0, block_m=16, block_n=16,
+                            tau=0.01, q_perm=True, perms=perms)  # fmt: skip
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    bind = s2o.METHODS["s2o"].validate
+    with pytest.raises(ValueError, match="step1_score_bits must be one of"):
+        bind({**DEFAULTS, "step1_score_bits": 20})
+    with pytest.raises(ValueError, match="needs step1_sort='cub', got 'chunks'"):
+        bind({**DEFAULTS, "step1_score_bits": 16, "impl": "triton"})
+    with pytest.raises(ValueError, match="causal=True"):
+        bind({**DEFAULTS, "step1_score_bits": 16, "causal": False})
+    assert bind({**DEFAULTS, "step1_score_bits": 16, "impl": "triton", "step1_sort": "cub"})

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ..dense_tail import tail_last, tail_start
+from ..reference import SCORE_BITS
 from ..tail_rank import tail_rows
 from .step1_sort import (
     _SORT_MODES,
@@ -41,8 +42,6 @@ from .step1_sort import (
     _sort_groups,
     _sort_key,
 )
-
-SCORE_BITS = (16, 24, 32)  # s2o_step1's score_bits: 32 ranks the exact fp32 scores
 
 
 def _check_step1_options(

@@ -18,13 +18,19 @@ with ``impl`` resolving to ``'triton'`` it is refused (at ``bind`` for ``impl='t
 call for ``impl='auto'`` on CUDA tensors), naming the knob and the impl. It is left out of
 ``conf/method/s2o.yaml`` (:data:`OPTIONAL_KNOBS`) so that a default run's config, and its run
 id, stay what they were; ``+method.mean_correction=true`` sets it.
+
+``step1_score_bits`` (default 32: the fp32 scores, the paper's ranking) is a named variant too
+(:func:`s2o.reference.score_buckets`): 16 or 24 ranks each segment's keys by the top bits of
+their scores, ties in ascending position, so the Triton path's Step 1 ranks with one CUB sort
+(it needs ``step1_sort='cub'`` there); causal, without ``tail_rank``. Optional as well:
+``+method.step1_score_bits=16``.
 """
 
 from __future__ import annotations
 
 from ..dense_tail import check_dense_tail, tail_last
 from ..mean_correction import check_mean_correction, refuse_on_triton
-from ..reference import s2o_permutations, s2o_reference, s2o_visible_keys
+from ..reference import SCORE_BITS, s2o_permutations, s2o_reference, s2o_visible_keys
 from ..stats import check_topk_ratio, refuse_topk_with_early_stop
 from ..tail_rank import check_tail_rank
 from ..validation import (
@@ -58,10 +64,11 @@ DEFAULTS = {
     "dense_tail": 0,
     "tail_rank": 0,
     "mean_correction": False,
+    "step1_score_bits": 32,
 }
 # Off by default and absent from conf/method/s2o.yaml, so a default run's config (and its record
 # identity) is what it was before them; a run sets them with +method.mean_correction=true.
-OPTIONAL_KNOBS = ("mean_correction",)
+OPTIONAL_KNOBS = ("mean_correction", "step1_score_bits")
 LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
 
@@ -129,8 +136,21 @@ def _check_sort(step1_sort, impl: str) -> None:
         )
 
 
+def _check_score_bits(bits, *, impl, step1_sort, causal, tail_rank) -> None:
+    """``step1_score_bits``: one of :data:`~s2o.reference.SCORE_BITS`; below 32, causal without
+    ``tail_rank``, and on the Triton path (``impl='triton'``) with ``step1_sort='cub'``."""
+    if isinstance(bits, bool) or bits not in SCORE_BITS:
+        raise ValueError(f"step1_score_bits must be one of {SCORE_BITS}, got {bits!r}")
+    if bits < 32 and (not causal or tail_rank):
+        raise ValueError(f"step1_score_bits={bits} ranks a causal prefix: it needs causal=True "
+                         f"(got {causal}) and tail_rank=0 (got {tail_rank})")  # fmt: skip
+    if bits < 32 and impl == "triton" and step1_sort != "cub":
+        raise ValueError(f"step1_score_bits={bits} ranks with one CUB sort on the Triton path: "
+                         f"it needs step1_sort='cub', got {step1_sort!r}")  # fmt: skip
+
+
 def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, tail_rank,
-           mean_correction, **knobs):  # fmt: skip
+           mean_correction, step1_score_bits, **knobs):  # fmt: skip
     check_per_kernel(launch, LAUNCH_KERNELS)
     check_choice("impl", impl, IMPLS)
     check_mean_correction(mean_correction, impl=impl)
@@ -143,24 +163,29 @@ def _check(*, impl, step1_sort, causal, launch, topk_ratio, dense_tail, tail_ran
     check_dense_tail(dense_tail, topk_ratio=topk_ratio, walk_budget=knobs["walk_budget"],
                      causal=causal)  # fmt: skip
     check_tail_rank(tail_rank, dense_tail=dense_tail, causal=causal)
+    _check_score_bits(step1_score_bits, impl=impl, step1_sort=step1_sort, causal=causal,
+                      tail_rank=tail_rank)  # fmt: skip
 
 
 def _estimate(q, k, v, *, segment_len, local_window, impl, step1_sort, causal, dense_tail,
-              tail_rank, mean_correction, **_):  # fmt: skip
+              tail_rank, mean_correction, step1_score_bits, **_):  # fmt: skip
     """Step 1; ``step1_sort`` picks the Triton path's sort (the reference has one: ``'cub'``
     is refused there). ``dense_tail`` moves the last rows out of ``Q_perm``'s order;
     ``tail_rank`` does too and adds the tail's own rows to ``KV_perm``. ``mean_correction``
-    on the Triton path is refused here, before Step 1 runs."""
+    on the Triton path is refused here, before Step 1 runs. ``step1_score_bits`` < 32 ranks by
+    the scores' top bits (the Triton path: with ``step1_sort='cub'``)."""
     path = resolve_impl(impl, q.device)
     refuse_on_triton(mean_correction, path)
     if path == "reference":
         _check_sort(step1_sort, "reference")
-        return s2o_permutations(q, k, segment_len, local_window, causal, dense_tail, tail_rank)
+        return s2o_permutations(q, k, segment_len, local_window, causal, dense_tail, tail_rank,
+                                score_bits=step1_score_bits)  # fmt: skip
     from ..kernels import WALK_INDEX_DTYPE, s2o_step1
 
     q_perm, kv_perm = s2o_step1(
         q, k, segment_len=segment_len, local_window=local_window, sort_mode=step1_sort,
         causal=causal, tail_rank=tail_rank, index_dtype=WALK_INDEX_DTYPE,
+        score_bits=step1_score_bits,
     )  # fmt: skip
     return tail_last(q_perm, segment_len, dense_tail), kv_perm
 
@@ -177,8 +202,9 @@ def _prepare(*, variant, q_perm, tau, step1_sort, impl, causal, launch, topk_rat
 
 
 def _attend(q, k, v, perms, *, impl, variant, q_perm, step1_sort, launch, mean_correction,
-            **knobs):  # fmt: skip
-    """Pass-1 + Pass-2; the knobs come from ``_prepare`` (``q_perm`` already resolved).
+            step1_score_bits, **knobs):  # fmt: skip
+    """Pass-1 + Pass-2; the knobs come from ``_prepare`` (``q_perm`` already resolved; the
+    Step-1 knobs ``step1_sort`` and ``step1_score_bits`` were used by ``_estimate``).
     ``mean_correction`` runs on the reference path only (refused on the Triton path)."""
     if resolve_impl(impl, q.device) == "reference":
         return s2o_reference(q, k, v, q_perm=q_perm, perms=perms,
