@@ -212,8 +212,8 @@ def refuse_unread_shortcuts(cfg: DictConfig, ctx: JobContext) -> None:
 
 def check(cfg: DictConfig, ctx: JobContext) -> tuple[DictConfig, dict, Path]:
     """Every refusal that needs no computation, for one job: the kind, the shortcuts, value types,
-    device, a writable ``results_dir``, the data files and the kind's own checks (the record's
-    path is the last of them: it hashes the data files and, for kind=accuracy, checks the job).
+    device, a writable ``results_dir``, the data files and the kind's own checks
+    (:func:`check_job`), then the record's path (it hashes the data files).
     Returns the prepared config, the resolved one and the record's path; raises what
     :func:`refusal` turns into one line. A sweep's launcher asks this of every point before its
     first job runs (hydra_plugins/s2o_launchers/report.py ``preflight``)."""
@@ -223,6 +223,7 @@ def check(cfg: DictConfig, ctx: JobContext) -> tuple[DictConfig, dict, Path]:
     refuse_unread_shortcuts(cfg, ctx)
     resolved = resolved_config(cfg, ctx)
     check_writable(resolved["results_dir"])
+    check_job(resolved)
     return cfg, resolved, record_path(resolved)
 
 
@@ -246,6 +247,13 @@ def refusal(cfg: DictConfig) -> str | None:
     except REFUSALS as exc:
         return one_line(exc)
     return None
+
+
+def check_job(resolved: dict) -> None:
+    """The kind's own refusals that need no computation (kind=accuracy:
+    experiments.accuracy.check_job), before the record's path is asked for."""
+    kind = importlib.import_module(f"experiments.{resolved['kind']}")
+    getattr(kind, "check_job", lambda resolved: None)(resolved)
 
 
 def check_sources(resolved: dict) -> None:

@@ -62,8 +62,7 @@ from eval.tasks.ruler.common import PromptFormat
 from s2o.hf import sparse_prefill
 
 from .common import ConfigError, JobContext, WandbLogger
-from .records import SAMPLES, unpack_samples
-from .records import accuracy_record_path as record_path  # tests/test_qwen.py calls this name
+from .records import SAMPLES, accuracy_record_path, unpack_samples
 
 
 def check_job(resolved: dict, config=None) -> None:
@@ -102,6 +101,12 @@ def check_job(resolved: dict, config=None) -> None:
             f"context of model {model_cfg['name']} ({where}); drop the length{yarn} or use a "
             "longer-context model"
         )
+
+
+def record_path(resolved: dict) -> Path:
+    """The job's record path, after its checks (:func:`check_job`, as run.py makes them)."""
+    check_job(resolved)
+    return accuracy_record_path(resolved)
 
 
 def check_data_files(bench: dict) -> None:

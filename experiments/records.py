@@ -271,11 +271,7 @@ def e2e_record_path(resolved: dict) -> Path:
 
 def accuracy_record_path(resolved: dict) -> Path:
     """``results/accuracy/<benchmark>/<model>/<method>/<id>/record.json`` (samples beside it).
-    The job is checked first (:func:`experiments.accuracy.check_job`): run.py asks for this path
-    before it runs or records anything, so a job that cannot run is refused there in one line."""
-    from .accuracy import check_job  # the kind's own refusals (it imports this module)
-
-    check_job(resolved)
+    run.py checks the job first (:func:`experiments.accuracy.check_job`)."""
     model = (resolved.get("model") or {}).get("name", "no_model")
     rid = run_identity(resolved, _drop_for(resolved))["id"]
     root = Path(resolved["results_dir"]) / "accuracy" / resolved["benchmark"]["name"]

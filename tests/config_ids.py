@@ -97,6 +97,7 @@ def _ids(cfg, overrides: list[str]) -> dict:
     resolved = resolved_config(prepared, ctx)
     out = {"config_id": records.config_id(resolved, records._drop_for(resolved))}
     try:
+        run.check_job(resolved)  # the kind's own refusals, as run.check makes them
         path = records.record_path(resolved)
         ident = records.run_identity(resolved, records._drop_for(resolved))
     except Exception as exc:  # noqa: BLE001  (kept as the job's outcome: it must stay the same)
