@@ -108,58 +108,71 @@ def load_plan(path: str | Path, n_gpus: int, overrides: dict[str, str] | None = 
         raise PlanError(f"plan {path}: expected a mapping with a non-empty list `steps`")
     if unknown := set(raw) - {"vars", "steps"}:
         raise PlanError(f"plan {path}: unknown top-level key {sorted(unknown)[0]!r}")
-    vars_ = {str(k): _scalar(k, v) for k, v in (raw.get("vars") or {}).items()}
+    vars_ = _plan_vars(raw.get("vars") or {}, overrides or {})
+    names = [str(t.get("name")) for t in raw["steps"] if isinstance(t, dict)]
+    steps: list[Step] = []
+    for i, s in enumerate(raw["steps"]):
+        steps.append(_plan_step(s, i, steps, names, vars_, n_gpus))
+    return Plan(vars_, steps)
+
+
+def _plan_vars(given: dict, overrides: dict[str, str]) -> dict[str, str]:
+    """The plan's vars, ``--var`` overrides applied; refuses reserved names and unknown
+    overrides."""
+    vars_ = {str(k): _scalar(k, v) for k, v in given.items()}
     for k in vars_:
         if k in BUILTINS or not k.isidentifier():
             raise PlanError(f"var {k!r}: reserved or not an identifier")
-    for k, v in (overrides or {}).items():
+    for k, v in overrides.items():
         if k not in vars_:
             raise PlanError(f"--var {k}: the plan has no such var (vars: {', '.join(vars_)})")
         vars_[k] = v
-    steps: list[Step] = []
-    for i, s in enumerate(raw["steps"]):
-        if not isinstance(s, dict):
-            raise PlanError(f"step {i}: expected a mapping, got {s!r}")
-        name = str(s.get("name", ""))
-        where = f"step {name or i}"
-        if unknown := set(s) - STEP_KEYS:
-            raise PlanError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-            raise PlanError(f"{where}: bad or missing name {name!r} ([A-Za-z0-9_-]+)")
-        if any(t.name == name for t in steps):
-            raise PlanError(f"{where}: duplicate name {name!r}")
-        after = s.get("after") or []
-        after = [after] if isinstance(after, str) else after
-        for a in after:
-            if a == name or a not in {t.name for t in steps}:
-                later = a in {str(t.get("name")) for t in raw["steps"] if isinstance(t, dict)}
-                raise PlanError(
-                    f"{where}: after names {'a later' if later else 'an unknown'} step {a!r}"
-                )
-        gpus = s.get("gpus", [0])
-        if gpus == "all":
-            mapped = list(range(n_gpus))
-        elif isinstance(gpus, list) and gpus and all(type(g) is int and g >= 0 for g in gpus):
-            mapped = sorted({g % n_gpus for g in gpus})
-        else:
-            raise PlanError(f"{where}: gpus {gpus!r} is not 'all' or a list of indices >= 0")
-        run = s.get("run")
-        if not isinstance(run, str) or not run.strip():
-            raise PlanError(f"{where}: missing command `run`")
-        if bad := sorted(fields(run, where) - set(vars_) - set(BUILTINS)):
-            raise PlanError(f"{where}: {{{bad[0]}}} in its command is not a var (nor state/gpus)")
-        try:
-            run.format(**vars_, state="/state", gpus=1)
-        except (ValueError, IndexError, KeyError, AttributeError) as e:
-            raise PlanError(f"{where}: its command does not format: {e}") from None
-        timeout = s.get("timeout_s")
-        number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-        if timeout is not None and not (number and timeout > 0):
-            raise PlanError(f"{where}: timeout_s {timeout!r} is not a positive number")
-        steps.append(
-            Step(name, mapped, [str(a) for a in after], run, timeout, str(s.get("note") or ""))
-        )
-    return Plan(vars_, steps)
+    return vars_
+
+
+def _plan_step(s, i: int, before: list[Step], names: list[str], vars_: dict, n_gpus: int) -> Step:
+    """Step ``i`` of the plan, checked against the steps ``before`` it (``names``: every step's
+    name, to tell a later step from an unknown one)."""
+    if not isinstance(s, dict):
+        raise PlanError(f"step {i}: expected a mapping, got {s!r}")
+    name = str(s.get("name", ""))
+    where = f"step {name or i}"
+    if unknown := set(s) - STEP_KEYS:
+        raise PlanError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise PlanError(f"{where}: bad or missing name {name!r} ([A-Za-z0-9_-]+)")
+    if any(t.name == name for t in before):
+        raise PlanError(f"{where}: duplicate name {name!r}")
+    after = s.get("after") or []
+    after = [after] if isinstance(after, str) else after
+    for a in after:
+        if a == name or a not in {t.name for t in before}:
+            later = "a later" if a in names else "an unknown"
+            raise PlanError(f"{where}: after names {later} step {a!r}")
+    gpus = _step_gpus(s.get("gpus", [0]), where, n_gpus)
+    run = s.get("run")
+    if not isinstance(run, str) or not run.strip():
+        raise PlanError(f"{where}: missing command `run`")
+    if bad := sorted(fields(run, where) - set(vars_) - set(BUILTINS)):
+        raise PlanError(f"{where}: {{{bad[0]}}} in its command is not a var (nor state/gpus)")
+    try:
+        run.format(**vars_, state="/state", gpus=1)
+    except (ValueError, IndexError, KeyError, AttributeError) as e:
+        raise PlanError(f"{where}: its command does not format: {e}") from None
+    timeout = s.get("timeout_s")
+    number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    if timeout is not None and not (number and timeout > 0):
+        raise PlanError(f"{where}: timeout_s {timeout!r} is not a positive number")
+    return Step(name, gpus, [str(a) for a in after], run, timeout, str(s.get("note") or ""))
+
+
+def _step_gpus(gpus, where: str, n_gpus: int) -> list[int]:
+    """A step's ``gpus`` (``'all'`` or indices, taken modulo the node's GPUs) as sorted indices."""
+    if gpus == "all":
+        return list(range(n_gpus))
+    if isinstance(gpus, list) and gpus and all(type(g) is int and g >= 0 for g in gpus):
+        return sorted({g % n_gpus for g in gpus})
+    raise PlanError(f"{where}: gpus {gpus!r} is not 'all' or a list of indices >= 0")
 
 
 # ---- state dir helpers
@@ -297,6 +310,93 @@ def _check(r: Running) -> int | None:
     return rc
 
 
+class _Serve:
+    """The steps of one serve: each step's outcome (rc; None: skipped), the running ones."""
+
+    def __init__(self, plan: Plan, state: Path, root: Path):
+        self.plan, self.state, self.root = plan, state, root
+        self.outcome: dict[str, int | None] = {}
+        self.running: dict[str, Running] = {}
+
+    def resume(self) -> list[Step]:
+        """The steps left to run: a step done with rc 0 stays done; a failed or skipped one runs
+        again."""
+        for s in self.plan.steps:
+            done = _read_json(self.state / "done" / f"{s.name}.json")
+            if done and done.get("rc") == 0:
+                self.outcome[s.name] = 0
+            elif done is not None:
+                (self.state / "done" / f"{s.name}.json").unlink()
+        return [s for s in self.plan.steps if s.name not in self.outcome]
+
+    def finish(self, name: str, rec: dict) -> None:
+        self.outcome[name] = rec.get("rc")
+        _write_json(self.state / "done" / f"{name}.json", rec)
+        (self.state / "running" / f"{name}.json").unlink(missing_ok=True)
+        how = (
+            f"skipped, {rec['skipped']}"
+            if "skipped" in rec
+            else f"rc {rec['rc']} in {rec.get('wall_s', 0):.1f} s"
+        )
+        print(f"{_now()} done {name}: {how}", flush=True)
+
+    def ended(self, r: Running, rc: int) -> None:
+        wall = round(time.monotonic() - r.t0, 3)
+        self.finish(r.step.name, r.record | {"rc": rc, "end": _now(), "wall_s": wall})
+        self.running.pop(r.step.name)
+
+    def tick(self, pending: list[Step]) -> None:
+        """Reap the ended steps; skip a pending step whose ``after`` failed or was skipped; start
+        those whose ``after`` succeeded, in plan order, where their GPUs are free (a step that
+        waits holds its GPUs against later ones: priority)."""
+        for r in list(self.running.values()):
+            if (rc := _check(r)) is not None:
+                self.ended(r, rc)
+        claimed = {g for r in self.running.values() for g in r.step.gpus}
+        for s in list(pending):
+            if bad := [a for a in s.after if a in self.outcome and self.outcome[a] != 0]:
+                rc = self.outcome[bad[0]]
+                why = f"{bad[0]} skipped" if rc is None else f"{bad[0]} failed (rc {rc})"
+                self.finish(s.name, {"name": s.name, "rc": None, "skipped": why, "end": _now()})
+                pending.remove(s)
+            elif all(self.outcome.get(a) == 0 for a in s.after):
+                if not claimed & set(s.gpus):
+                    pending.remove(s)
+                    r = _launch(self.plan, s, self.state, self.root)
+                    if isinstance(r, Running):
+                        self.running[s.name] = r
+                    else:
+                        self.finish(s.name, r)
+                claimed |= set(s.gpus)
+
+    def stop(self, sig: int) -> None:
+        """SIGTERM to the running steps, SIGKILL after the grace; each ends with rc 128 + sig."""
+        print(f"{_now()} signal {sig}: stopping {', '.join(self.running) or 'nothing'}")
+        for r in self.running.values():
+            _killpg(r.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE_S
+        while (
+            any(r.proc.poll() is None for r in self.running.values())
+            and time.monotonic() < deadline
+        ):
+            time.sleep(TICK_S)
+        for r in list(self.running.values()):
+            _killpg(r.proc.pid, signal.SIGKILL)
+            r.proc.wait()
+            self.ended(r, 128 + sig)
+
+    def summary(self, sig: int | None) -> int:
+        """Writes ``finished``; 0 when every step succeeded, else 1."""
+        rcs = list(self.outcome.values())
+        counts = [rcs.count(0), sum(1 for v in rcs if v), rcs.count(None)]
+        line = "ok {}, failed {}, skipped {}".format(*counts) + f" of {len(self.plan.steps)} steps"
+        if sig is not None:
+            line = f"interrupted by signal {sig}: {line}"
+        (self.state / "finished").write_text(f"{_now()} {line}\n")
+        print(f"{_now()} {line}", flush=True)
+        return 0 if counts[0] == len(self.plan.steps) else 1
+
+
 def serve(plan: Plan, state: Path, root: Path) -> int:
     """Run the plan to its end in the foreground; 0 when every step succeeded, else 1."""
     state = state.resolve()
@@ -311,79 +411,16 @@ def serve(plan: Plan, state: Path, root: Path) -> int:
     old = {
         s: signal.signal(s, lambda n, _: stop.append(n)) for s in (signal.SIGTERM, signal.SIGINT)
     }
-    outcome: dict[str, int | None] = {}  # rc; None: skipped
-    running: dict[str, Running] = {}
-
-    def finish(name: str, rec: dict) -> None:
-        outcome[name] = rec.get("rc")
-        _write_json(state / "done" / f"{name}.json", rec)
-        (state / "running" / f"{name}.json").unlink(missing_ok=True)
-        print(
-            f"{_now()} done {name}: "
-            + (
-                f"skipped, {rec['skipped']}"
-                if "skipped" in rec
-                else f"rc {rec['rc']} in {rec.get('wall_s', 0):.1f} s"
-            ),
-            flush=True,
-        )
-
-    def ended(r: Running, rc: int) -> None:
-        wall = round(time.monotonic() - r.t0, 3)
-        finish(r.step.name, r.record | {"rc": rc, "end": _now(), "wall_s": wall})
-        running.pop(r.step.name)
-
+    run = _Serve(plan, state, root)
     try:
-        for s in plan.steps:
-            done = _read_json(state / "done" / f"{s.name}.json")
-            if done and done.get("rc") == 0:
-                outcome[s.name] = 0
-            elif done is not None:  # failed or skipped before: run again
-                (state / "done" / f"{s.name}.json").unlink()
-        pending = [s for s in plan.steps if s.name not in outcome]
+        pending = run.resume()
         print(f"{_now()} serve pid {os.getpid()}: {len(pending)} of {len(plan.steps)} steps to run")
-        while (pending or running) and not stop:
-            for r in list(running.values()):
-                if (rc := _check(r)) is not None:
-                    ended(r, rc)
-            claimed = {g for r in running.values() for g in r.step.gpus}
-            for s in list(pending):
-                if bad := [a for a in s.after if a in outcome and outcome[a] != 0]:
-                    rc = outcome[bad[0]]
-                    why = f"{bad[0]} skipped" if rc is None else f"{bad[0]} failed (rc {rc})"
-                    finish(s.name, {"name": s.name, "rc": None, "skipped": why, "end": _now()})
-                    pending.remove(s)
-                elif all(outcome.get(a) == 0 for a in s.after):
-                    if not claimed & set(s.gpus):  # else its GPUs are held for it, by priority
-                        pending.remove(s)
-                        r = _launch(plan, s, state, root)
-                        if isinstance(r, Running):
-                            running[s.name] = r
-                        else:
-                            finish(s.name, r)
-                    claimed |= set(s.gpus)
+        while (pending or run.running) and not stop:
+            run.tick(pending)
             time.sleep(TICK_S)
         if stop:  # SIGTERM/SIGINT: stop the running steps, rc 128 + signal
-            print(f"{_now()} signal {stop[0]}: stopping {', '.join(running) or 'nothing'}")
-            for r in running.values():
-                _killpg(r.proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + KILL_GRACE_S
-            while (
-                any(r.proc.poll() is None for r in running.values()) and time.monotonic() < deadline
-            ):
-                time.sleep(TICK_S)
-            for r in list(running.values()):
-                _killpg(r.proc.pid, signal.SIGKILL)
-                r.proc.wait()
-                ended(r, 128 + stop[0])
-        rcs = list(outcome.values())
-        counts = [rcs.count(0), sum(1 for v in rcs if v), rcs.count(None)]
-        summary = "ok {}, failed {}, skipped {}".format(*counts) + f" of {len(plan.steps)} steps"
-        if stop:
-            summary = f"interrupted by signal {stop[0]}: {summary}"
-        (state / "finished").write_text(f"{_now()} {summary}\n")
-        print(f"{_now()} {summary}", flush=True)
-        return 0 if counts[0] == len(plan.steps) else 1
+            run.stop(stop[0])
+        return run.summary(stop[0] if stop else None)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
