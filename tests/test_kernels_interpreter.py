@@ -426,17 +426,18 @@ def test_sub_tiled_walk_across_stop_chunks(gen):
     at chunk ends exactly as the reference (the default chunking: the head-size cases)."""
     chunk = (1, 0)
     launch = {name: Launch(sub_n=16) for name in ("pass2", "fused")}
-    _check_kernels(torch.float16, "two_pass", True, 1, 2, 1, 320, 32, 0, gen, seg=64, block=32,
+    # L = 224: 7 key tiles, walks of up to 6 (dense) and stopped walks of 2 to 5 tiles
+    _check_kernels(torch.float16, "two_pass", True, 1, 2, 1, 224, 32, 0, gen, seg=64, block=32,
                    launch=launch, stop_chunk=chunk)  # fmt: skip
-    _check_kernels(torch.float16, "fused", False, 1, 2, 1, 320, 32, 0, gen, seg=64, block=32,
+    _check_kernels(torch.float16, "fused", False, 1, 2, 1, 224, 32, 0, gen, seg=64, block=32,
                    launch=launch, stop_chunk=chunk)  # fmt: skip
 
 
 SUBTILE_CASES = [
     # dtype, variant, q_perm, B, Hq, Hkv, L, D, W, seg, block, sub_n, stop_chunk
     (torch.float16, "two_pass", True, 1, 2, 1, 520, 256, 0, 128, 128, 64, None),  # the GPU's split
-    (torch.float16, "fused", False, 1, 2, 1, 500, 256, 0, 128, 128, 64, None),
-    (torch.float32, "two_pass", True, 1, 2, 1, 330, 32, 0, 64, 32, 16, (1, 0)),
+    (torch.float16, "fused", False, 1, 2, 1, 450, 256, 0, 128, 128, 64, None),  # last part: 2 keys
+    (torch.float32, "two_pass", True, 1, 2, 1, 200, 32, 0, 64, 32, 16, (1, 0)),  # walks up to 6
     (torch.float16, "fused", False, 1, 4, 2, 300, 32, 16, 64, 32, 16, (1, 1)),  # GQA 2
 ]
 
