@@ -6,6 +6,8 @@ kernel is decorated, so it is set here, before any test module imports ``s2o.ker
 MKL's code path is pinned (``MKL_CBWR=COMPATIBLE``, read when torch loads MKL, so before the
 import): on a CPU with AVX-512 MKL otherwise rounds float64 products differently, and the pinned
 digests of tests/test_synthetic_pin.py hold on one kind of CPU only.
+
+Under pytest-xdist each worker computes on one thread (the pinned digests hold either way).
 """
 
 import ast
@@ -16,6 +18,12 @@ from pathlib import Path
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
 import torch  # noqa: E402
+
+# Under pytest-xdist the workers share the machine's cores: one intra-op thread each (and in the
+# subprocesses tests start), so that two workers on two cores do not oversubscribe them.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
