@@ -43,6 +43,7 @@ def s2o_attention(
     dense_tail: int = 0,
     tail_rank: int = 0,
     mean_correction: bool = False,
+    step1_score_bits: int = 32,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionStats]:
     """S2O sparse prefill attention, causal by default: ``sparse_attention("s2o", q, k, v,
     **knobs)`` (the canonical entry point, which also takes ``step1_sort`` and ``launch``), with
@@ -87,6 +88,10 @@ def s2o_attention(
             False: off): the ranked keys a query tile's walk skipped enter its softmax as the
             mean key and value of each ranked tile of ``block_n`` keys (``n`` copies each).
             Reference path only: refused where ``impl`` resolves to ``'triton'``.
+        step1_score_bits: a named variant (:func:`s2o.reference.score_buckets`; 32: the fp32
+            scores, the paper's ranking): 16 or 24 ranks each segment's keys by the top bits of
+            their scores, ties by position. The Triton path needs ``step1_sort="cub"``, which
+            ``sparse_attention("s2o", ...)`` takes; here it runs on the reference path.
     Returns:
         ``out`` ``[B, Hq, L, D]`` in q's dtype, or ``(out, stats)``.
     Raises:
