@@ -77,7 +77,7 @@ def _sort_spec(text: str) -> tuple[str, int]:
     return mode, int(bits or 32)
 
 
-def score_bits_rows(q, k, v, perms, state, a, geo, bench, emit):
+def score_bits_rows(q, k, v, perms, state, a, geo, emit):
     """Each ``--step1-sorts`` entry with ``score_bits < 32``: the share of ``kv_perm`` entries
     that differ from the exact ranking's, then Pass-2 (the default walk) at every tau on its
     perms beside the exact perms': walked tiles and the largest output difference."""
@@ -218,7 +218,7 @@ def main(argv=None) -> dict:
     if a.parts & {"pass2", "pass2_gluon"}:
         pass2_rows(q, k, v, perms, state, a, geo, bench, emit)
     if "step1" in a.parts and not a.once:
-        score_bits_rows(q, k, v, perms, state, a, geo, bench, emit)
+        score_bits_rows(q, k, v, perms, state, a, geo, emit)
     if "fused" in a.parts:
         for tau in (float(t) for t in a.taus.split(",")):
             _, vis = s2o_fused(q, k, v, perms[1], tau=tau, **geo)

@@ -340,8 +340,11 @@ def s2o_step1(
             (e_n - max(0, n*S - W))`` keys outside ``[n*S - W, e_n)`` (``e_n`` the segment's end).
             With ``tail_rank``, the tail's rows follow (:func:`s2o.tail_rank.tail_rows`).
     """
+    index_dtype = INDEX_DTYPE if index_dtype is None else index_dtype
+    sort_mode = SORT_MODE if sort_mode is None else sort_mode
+    # before any work or early return (also for L < S)
+    _check_step1_options(sort_mode, index_dtype, score_bits, causal, tail_rank)
     if tail_rank:
-        _check_step1_options(sort_mode, index_dtype, score_bits, causal, tail_rank)
         if not causal:
             raise ValueError(f"tail_rank={tail_rank} ranks a causal prefix: causal must be True")
         q_perm, kv_perm = s2o_step1(
@@ -358,10 +361,6 @@ def s2o_step1(
     n_seg = triton.cdiv(L, S)
     prefix = [max(0, n * S - local_window) for n in range(n_seg)]
     p_max = prefix[-1]
-    index_dtype = INDEX_DTYPE if index_dtype is None else index_dtype
-    sort_mode = SORT_MODE if sort_mode is None else sort_mode
-    # before any early return: also for L < S
-    _check_step1_options(sort_mode, index_dtype, score_bits, causal)
 
     k_guide = k[:, :, : min(S, L)].sum(dim=2, dtype=torch.float32) / min(S, L)  # [B, Hkv, D]
     q_mean, s_q = _query_stats(q, k_guide, S)
