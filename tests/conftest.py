@@ -73,15 +73,31 @@ def _module_scoped(decorator: ast.expr) -> bool:
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "load":  # the default of -n; another --dist is obeyed
         return None
+    from durations import read
     from xdist.scheduler import LoadScopeScheduling
 
+    seconds = read()
+
     class SharedFixturesOnOneWorker(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             path, _, rest = nodeid.partition("::")
             if path.endswith("test_slurm.py"):
                 return path
             test = rest.split("::")[0].split("[")[0]
             return path if test in _sharing(config.rootpath / path) else nodeid
+
+        def _assign_work_unit(self, node) -> None:
+            # The longest units first (tests/durations.py), so that no long test starts last
+            # while the other worker idles; unlisted tests after them, in collection order.
+            if not self.ordered:
+                self.ordered = True
+                units = sorted(self.workqueue.items(),
+                               key=lambda u: -sum(seconds.get(n, 0.0) for n in u[1]))  # fmt: skip
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     return SharedFixturesOnOneWorker(config, log)
 
