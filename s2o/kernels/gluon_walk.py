@@ -5,10 +5,10 @@ a ``while`` loop over chunks of tiles with a pipelined ``for`` loop inside: ever
 refills the pipeline, and the tiles of the stop's chunk after the stop are computed as
 identities. Gluon hands the program its shared memory and its asynchronous copies, so this walk is
 one ``while`` loop over a ring of three K/V slots that ends at the stop (no dead tiles, no
-refills). Tile ``j``'s ``P V`` and tile ``j + 1``'s ``QK`` are issued back to back (the latter
-as soon as tile ``j + 1``'s rows have landed), so the tensor cores run both while the warps reduce
-tile ``j``'s stop flags and issue tile ``j + 2``'s cp.async copies; the next softmax waits for
-both (wgmma completes in order). At the stop the speculative ``QK`` is waited for and dropped.
+refills). Tile ``j``'s ``P V`` and tile ``j + 1``'s ``QK`` are issued back to back, so the tensor
+cores run both while the warps reduce tile ``j``'s stop flags, wait for tile ``j + 1``'s rows and
+issue tile ``j + 2``'s cp.async copies; the next softmax waits for both (wgmma completes in
+order). At the stop the speculative ``QK`` is waited for and dropped.
 
 One program is one ``BLOCK_M`` query tile of ``Q_perm`` order of one (batch, query head), as in
 ``_s2o_pass2_kernel``: it restarts from the Pass-1 state (``acc = o * l``) and applies the same
@@ -163,10 +163,10 @@ def _s2o_pass2_gluon_kernel(
     visited = n_tiles * 0
     j = n_tiles * 0
     go = n_tiles > 0
-    # OVERLAP: QK(j + 1) is issued right after P V(j) (once tile j + 1's rows have landed), so
-    # the tensor cores run both while the warps reduce tile j's stop flags and issue tile j + 2's
-    # copies; the next softmax waits for both (wgmma completes in order). Needs RING == 3: the
-    # slots hold tile j (P V), j + 1 (QK) and j + 2 (in flight).
+    # OVERLAP: QK(j + 1) is issued right after P V(j), so the tensor cores run both while the
+    # warps reduce tile j's stop flags, wait for tile j + 1's rows and issue tile j + 2's copies;
+    # the next softmax waits for both (wgmma completes in order). Needs RING == 3: the slots hold
+    # tile j (P V), j + 1 (QK) and j + 2 (in flight).
     cp.wait_group(RING - 2)  # tile 0 has landed (this thread's copies)
     fence_async_shared()
     _barrier()
@@ -188,25 +188,24 @@ def _s2o_pass2_gluon_kernel(
         m_i = m_new
         visited += 1
         j += 1
-        # tile j's rows (issued one tile earlier) landed for every thread; every warpgroup is past
-        # its wait for P V(j - 2), so tile j - 2's slot can take tile j + 1
-        cp.wait_group(0)
-        fence_async_shared()
-        _barrier()
-        # QK of tile j before the stop decision (speculative: at the stop its result is waited for
-        # and dropped), so the decision's cross-warp reduction runs beside P V(j) and QK(j)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(j % RING).permute((1, 0)), zero,
-                              use_acc=False, is_async=True)  # fmt: skip
-        if EARLY_STOP:  # does any row still gain?
+        if EARLY_STOP:  # reduced while P V runs: does any row still gain?
             flags = ((gain >= tau * l_old) & row_ok).to(gl.int32)
             go = (gl.max(flags, 0) > 0) & (j < n_tiles)
         else:
             go = j < n_tiles
+        # tile j's rows (issued one tile earlier) landed for every thread; every warpgroup is past
+        # its wait for P V(j - 2), so tile j - 2's slot takes tile j + 1
+        cp.wait_group(0)
+        fence_async_shared()
+        _barrier()
         jn = j + 1
         if go & (jn < n_tiles):
             _issue(k_smem, v_smem, jn % RING, K_head, V_head, KVP_row, jn, stride_kl, stride_vl,
                    BLOCK_N, HEAD, load_l)  # fmt: skip
         cp.commit_group()
+        # QK of tile j (speculative at the stop: its result is then waited for and dropped)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(j % RING).permute((1, 0)), zero,
+                              use_acc=False, is_async=True)  # fmt: skip
     s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc_tok))
     cp.wait_group(0)  # the ring's copies past the stop, before the shared memory goes
 
