@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -313,12 +314,17 @@ def test_a_gguf_loads_from_its_dequantized_copy_the_second_time(tmp_path, capfd)
     assert second.lm_head.weight.data_ptr() == second.model.embed_tokens.weight.data_ptr()
     assert first.generation_config.to_dict() == second.generation_config.to_dict()
     assert first.config.to_dict() | {"quantization_config": None} == second.config.to_dict() | {
-        "quantization_config": None}
+        "quantization_config": None
+    }
     ids = torch.randint(0, 1000, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(first(ids).logits, second(ids).logits)
     with pytest.raises(ValueError, match="dequant_cache='no' is not true or false"):
         models.normalize({**cfg, "dequant_cache": "no"})
     off = models.normalize({**cfg, "cache_dir": str(tmp_path / "off"), "dequant_cache": False})
+    # its tokenizer from the verified copy the first load cached (5 s of its build saved)
+    shutil.copytree(tmp_path / "tokenizers", tmp_path / "off" / "tokenizers")
+    capfd.readouterr()
     models.load(off, torch.device("cpu"))
+    assert "(cache, " in capfd.readouterr().err  # the tokenizer: not built again
     assert not (tmp_path / "off" / "dequantized").exists()
