@@ -17,12 +17,16 @@ from pathlib import Path
 
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
+# Under pytest-xdist the workers share the machine's cores: one intra-op thread each (and in the
+# subprocesses tests start), so that two workers on two cores do not oversubscribe them. Set
+# before torch loads numpy, whose OpenBLAS (the Triton interpreter's tl.dot) reads it then.
+_XDIST = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+if _XDIST:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import torch  # noqa: E402
 
-# Under pytest-xdist the workers share the machine's cores: one intra-op thread each (and in the
-# subprocesses tests start), so that two workers on two cores do not oversubscribe them.
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+if _XDIST:
     torch.set_num_threads(1)
 
 if not torch.cuda.is_available():
