@@ -222,9 +222,20 @@ def check(cfg: DictConfig, ctx: JobContext) -> tuple[DictConfig, dict, Path]:
     cfg = prepare(cfg, ctx.overrides)
     refuse_unread_shortcuts(cfg, ctx)
     resolved = resolved_config(cfg, ctx)
+    check_git_rev(resolved["git_rev"])
     check_writable(resolved["results_dir"])
     check_job(resolved)
     return cfg, resolved, record_path(resolved)
+
+
+def check_git_rev(rev) -> None:
+    """A commit is a string: Hydra reads an all-digit one (``git_rev=6059204``) as a number, which
+    would land in the record as one (and lose a leading zero)."""
+    if rev is not None and not isinstance(rev, str):
+        raise ConfigError(
+            f"git_rev={rev!r} was read as a number ({type(rev).__name__}), not a commit: quote "
+            f"it for Hydra, e.g. \"git_rev='{rev}'\""
+        )
 
 
 REFUSALS = (ConfigError, MissingMandatoryValue, InterpolationResolutionError)

@@ -22,7 +22,7 @@ import math
 import pandas as pd
 
 from analysis.plotting import save, setup
-from analysis.records import device_label
+from analysis.records import device_label, git_short
 from analysis.sections import Section
 from analysis.tables import markdown
 
@@ -290,7 +290,7 @@ def section(ctx) -> Section:
     for key, r in recs.items():
         env = r["environment"]
         sec.sources.append(
-            f"`{r['_path']}` ({INPUTS[key]}, {device_label(env)}, git {env['git_revision'][:7]})"
+            f"`{r['_path']}` ({INPUTS[key]}, {device_label(env)}, git {git_short(env)})"
         )
     sec.files.append(plot(recs, ctx.out / "calibration_check.png"))
     seed_paths = (ctx.manifest.get("records") or {}).get("calibration_calibrated_seeds") or {}
@@ -301,7 +301,7 @@ def section(ctx) -> Section:
             continue
         env = rec["environment"]
         sec.sources.append(f"`{path}` (calibrated synthetic, {name}, {device_label(env)}, "
-                           f"git {env['git_revision'][:7]})")  # fmt: skip
+                           f"git {git_short(env)})")  # fmt: skip
         seeds[name] = compare({"real": recs["real"], "calibrated": rec})[1]
     df, close = compare(recs)
     df["MSE"] = [f"{m:.2e}" + ("" if h else f" (at {sp:.2f})") for m, h, sp in
@@ -350,7 +350,7 @@ def section(ctx) -> Section:
             env = r["environment"]
             sec.sources.append(
                 f"`{ctx.record(f'calibration_real_by_layer.{k}')[1]}` (real capture, {k} only, "
-                f"{device_label(env)}, git {env['git_revision'][:7]})"
+                f"{device_label(env)}, git {git_short(env)})"
             )
         sec.body += [
             "The real capture layer by layer (the same check on one layer at a time, "

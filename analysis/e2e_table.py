@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.records import device_label
+from analysis.records import device_label, git_short
 from analysis.tables import markdown
 from eval.amdahl import amdahl_ms
 
@@ -57,7 +57,7 @@ def table(rec: dict, path: str) -> str:
     }
     head = (
         f"`{path}`: {m['model']}, {m['text']}, {m['dtype']}, {device_label(env)}, torch "
-        f"{env['torch']}, Triton {env['triton']}, git {str(env['git_revision'])[:7]}"
+        f"{env['torch']}, Triton {env['triton']}, git {git_short(env)}"
     )
     return head + "\n\n" + markdown(frame(rec), formats)
 

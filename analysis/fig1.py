@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from analysis.e2e_table import breakdown, model_label
 from analysis.plotting import save, setup
-from analysis.records import device_label
+from analysis.records import device_label, git_short
 from analysis.sections import Ctx, Section, missing_baselines
 from analysis.tables import markdown
 
@@ -62,8 +62,7 @@ def section(ctx: Ctx) -> Section:
         "dense reference output per layer).",
     ]
     sec.sources.append(
-        f"`{path}` ({device_label(rec['environment'])}, git "
-        f"{rec['environment']['git_revision'][:7]})"
+        f"`{path}` ({device_label(rec['environment'])}, git {git_short(rec['environment'])})"
     )
     return sec
 

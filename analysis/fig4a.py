@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis import calibration_check, plot_mse_vs_sparsity
 from analysis.inputs import calibrated, input_label, mistokenized
-from analysis.records import device_label, experiment_commands, rel_path
+from analysis.records import device_label, experiment_commands, git_short, rel_path
 from analysis.sections import Ctx, Section, missing_baselines
 from analysis.tables import markdown
 
@@ -122,7 +122,7 @@ def section(ctx: Ctx) -> Section:
         ]
         sec.sources.append(
             f"`{rel_path(rec['_path'])}` ({device_label(rec['environment'])}, git "
-            f"{rec['environment']['git_revision'][:7]}, {_fig4a_input(ctx, rec)})"
+            f"{git_short(rec['environment'])}, {_fig4a_input(ctx, rec)})"
         )
     sec.body += [
         f"Paper: S2O's MSE up to {ctx.paper['claims']['mse_ratio_matched_sparsity']}x lower than "

@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis.inputs import calibrated, input_label
 from analysis.plotting import save, setup
-from analysis.records import device_label
+from analysis.records import device_label, git_short
 from analysis.sections import BASELINES, Ctx, Section
 from analysis.tables import markdown
 
@@ -56,9 +56,7 @@ def section(ctx: Ctx) -> Section:
             }
         )
         env = rec["environment"]
-        sec.sources.append(
-            f"`{path}` ({device_label(env)}, git {env['git_revision'][:7]}, {_data(rec)})"
-        )
+        sec.sources.append(f"`{path}` ({device_label(env)}, git {git_short(env)}, {_data(rec)})")
     df = pd.DataFrame(rows)
     plt = setup()
     fig, ax = plt.subplots(figsize=(6.0, 3.6))

@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis.e2e_table import breakdown, model_label, random_weights
 from analysis.plotting import save, setup
-from analysis.records import device_label
+from analysis.records import device_label, git_short
 from analysis.sections import Ctx, Section
 from analysis.tables import markdown
 
@@ -60,8 +60,7 @@ def section(ctx: Ctx) -> Section:
         ax.set_ylim(0, top * 1.6)
         ax.legend(fontsize=6, ncol=2, loc="upper left")
         sec.sources.append(
-            f"`{path}` ({device_label(rec['environment'])}, git "
-            f"{rec['environment']['git_revision'][:7]})"
+            f"`{path}` ({device_label(rec['environment'])}, git {git_short(rec['environment'])})"
         )
     sec.files.append(save(fig, ctx.out / "fig4c_e2e_breakdown.png"))
     rows = []

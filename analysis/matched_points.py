@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.inputs import input_label
-from analysis.records import device_label, rel_path
+from analysis.records import device_label, git_short, rel_path
 from analysis.sections import Ctx, Section
 from analysis.tables import markdown
 
@@ -395,7 +395,7 @@ def section(ctx: Ctx) -> Section:
         blocks += [
             f"## {label}", "",
             f"{input_label(ctx, recs[0])}; {len(recs)} record(s), {res['n_units']} unit(s) "
-            f"({over}); {device_label(env)}, git {env['git_revision'][:7]}. Records: "
+            f"({over}); {device_label(env)}, git {git_short(env)}. Records: "
             + ", ".join(f"`{rel_path(r['_path'])}`" for r in recs) + ".", "",
             "MSE at matched sparsity (the records' target sparsities):", "", markdown(mse_t), "",
             "Density at matched MSE (S2O's fitted MSE at each target sparsity):", "",

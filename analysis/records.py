@@ -136,6 +136,12 @@ def device_label(env: dict) -> str:
     return f"{name} (SHARED: {', '.join(shared)}; times not clean)" if shared else name
 
 
+def git_short(env: dict, n: int = 7) -> str:
+    """The record's code revision, its first ``n`` characters. Records made with an unquoted
+    all-digit ``git_rev=`` hold it as a number (run.py refuses that now): read it as text."""
+    return str(env["git_revision"])[:n]
+
+
 def describe(rec: dict) -> str:
     env, cfg = rec["environment"], rec["config"]
     data = cfg["data"]
@@ -147,7 +153,7 @@ def describe(rec: dict) -> str:
         src = data["source"]
     text = (
         f"{rec['_path']}: {src}, L={data['L']}, device {device_label(env)}, dtype {cfg['dtype']}, "
-        f"git {env['git_revision'][:10]}, {env['time']}"
+        f"git {git_short(env, 10)}, {env['time']}"
     )
     if rec.get("stale"):
         text += f"; STALE: reused from code {rec['stale'].get('code')} (reuse_stale=true)"

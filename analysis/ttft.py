@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from analysis import e2e_table
-from analysis.records import device_label
+from analysis.records import device_label, git_short
 from analysis.sections import Ctx, Section, missing_baselines
 from analysis.tables import markdown
 
@@ -57,6 +57,6 @@ def section(ctx: Ctx) -> Section:
         "A100; bf16 weights dequantized from the Q4_K_M GGUF at load.",
     ]
     sec.sources += [f"`results/{p}` ({device_label(r['environment'])}, git "
-                    f"{r['environment']['git_revision'][:7]})"
+                    f"{git_short(r['environment'])})"
                     for p, r in zip(paths, recs)]  # fmt: skip
     return sec

@@ -65,6 +65,14 @@ ACCURACY = ["kind=accuracy", "benchmark=ruler", "model=smollm2_135m",
             "benchmark.tasks=[niah_single_1]"]  # fmt: skip
 
 
+def test_an_all_digit_git_rev_is_refused_unless_quoted(tmp_path):
+    """Hydra reads ``git_rev=6059204`` as an int, which landed in records as a number (their
+    analysis sliced it as a string); quoted, it is a commit."""
+    why = _refusal([*ACCURACY, "git_rev=6059204"], tmp_path)
+    assert why is not None and why.startswith("git_rev=6059204 was read as a number (int)"), why
+    assert _refusal([*ACCURACY, "git_rev='6059204'"], tmp_path) is None
+
+
 @pytest.mark.parametrize("n", ["0", "-1", "abc"])
 def test_benchmark_n_below_one_is_refused(n, tmp_path):
     """``benchmark.n=0`` used to load the model and write an ok record of no samples."""
