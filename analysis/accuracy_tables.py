@@ -588,12 +588,13 @@ def recipe_section(done: list[tuple], correction: str = CORRECTION, level: int =
 
 
 def unshared_gpu(env: dict) -> bool:
-    """Whether a record's times are worth a column: a GPU run by code that records GPU sharing
-    (``gpu_processes``), with no sign of it (older records, and CPU runs, are left out)."""
+    """Whether a record's times are worth a column: a GPU run whose record says it was the GPU's
+    one process (``gpu_processes`` 1) and the launcher's one job there. Older records, CPU runs and
+    GPUs whose ``nvidia-smi`` lists no process (``gpu_processes`` None: a container that cannot
+    tell, where jobs started side by side by hand share the GPU unseen) are left out."""
     return (
         str(env.get("device", "")).startswith("cuda")
-        and "gpu_processes" in env
-        and (env.get("gpu_processes") or 1) <= 1
+        and env.get("gpu_processes") == 1
         and (env.get("jobs_per_gpu") or 1) <= 1
     )
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.records import device_label, on_cpu, sharing
+from analysis.records import device_label, git_short, on_cpu, sharing
 from analysis.tables import markdown
 from experiments.records import sample_lines
 
@@ -109,10 +109,13 @@ def _verdict(ratio: float) -> str:
 
 
 def _gpu(env: dict) -> str:
-    """``alone``, ``shared: ...`` (:func:`analysis.records.sharing`), or ``none (CPU)``."""
+    """``alone``, ``shared: ...`` (:func:`analysis.records.sharing`), ``unknown`` (the GPU's
+    process count was not recorded, or its nvidia-smi lists none), or ``none (CPU)``."""
     if on_cpu(env):
         return "none (CPU)"
-    return "shared: " + ", ".join(s) if (s := sharing(env)) else "alone"
+    if s := sharing(env):
+        return "shared: " + ", ".join(s)
+    return "alone" if env.get("gpu_processes") == 1 else "unknown"
 
 
 def cell_frame(recs: list[dict]) -> pd.DataFrame:
@@ -303,7 +306,7 @@ def derived_frame(recs: list[dict], pool: list[dict]) -> pd.DataFrame:
         rows.append({
             "model": rec["config"]["model"]["name"], "method": label(rec),
             "device": device_label(rec["environment"]),
-            "git": str(rec["environment"]["git_revision"])[:7], "n": n,
+            "git": git_short(rec["environment"]), "n": n,
             "evidence probe": _probe(rec),
             "elapsed s": rec["elapsed_s"], "elapsed_s holds": holds,
             "elapsed / sample ms": per, "loop ms": _sum(ls, "loop_ms") / n,

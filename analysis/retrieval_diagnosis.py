@@ -33,6 +33,7 @@ from analysis.records import SCRATCH, device_name, rel_path
 from analysis.tables import markdown as _markdown
 from eval.evidence import MIN_MASS
 from eval.significance import adjust_p, paired_test
+from s2o.methods.s2o import NAMED_VARIANTS
 
 
 def markdown(head: list[str], rows: list[list]) -> str:
@@ -46,14 +47,14 @@ METHOD_ORDER = ("full", "s2o", "flexprefill", "flashprefill", "xattn", "pbs")
 
 
 def label(rec: dict) -> str:
-    """``full``, ``s2o``, ``s2o dense_tail=128``, ``s2o tail_rank=128``, ``flexprefill`` (a knob
-    off its default named)."""
+    """``full``, ``s2o``, ``s2o dense_tail=128``, ``s2o tail_rank=128``, ``s2o
+    step1_score_bits=16``, ``flexprefill`` (a knob off its default named)."""
     name = rec["metrics"]["method"]
     knobs = rec["metrics"].get("knobs") or {}
     extra = []
     if name == "s2o":
-        for variant in ("dense_tail", "tail_rank"):
-            if knobs.get(variant):
+        for variant, off in NAMED_VARIANTS.items():
+            if knobs.get(variant, off) != off:
                 extra.append(f"{variant}={knobs[variant]}")
         if knobs.get("tau") not in (None, 0.005):
             extra.append(f"tau={knobs['tau']}")

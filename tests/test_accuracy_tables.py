@@ -223,6 +223,8 @@ def test_prefill_time_column_only_for_unshared_gpu_records(root):
     assert "prefill ms" not in at.tables(recs)
     del recs[0]["environment"]["gpu_processes"]  # an older record: sharing unknown
     assert "prefill ms" not in at.tables(recs)
+    recs[0]["environment"]["gpu_processes"] = None  # nvidia-smi lists no process: unknown too
+    assert "prefill ms" not in at.tables(recs)
 
 
 def test_a_packed_record_reads_the_same_and_unpacks_to_the_same_bytes(tmp_path):

@@ -419,6 +419,21 @@ def test_make_all_writes_the_retrieval_page_from_the_pinned_records(tmp_path):
     assert np.nanmin(mats) == pytest.approx(1.0)
 
 
+def test_the_diagnosis_labels_every_named_variant_of_s2o():
+    """A record with a named variant on (s2o.methods.s2o.NAMED_VARIANTS) is its own row, so two
+    S2O records on the same samples never share the label ``s2o``."""
+    from analysis import retrieval_diagnosis as rd
+
+    def rec(**knobs):
+        return {"metrics": {"method": "s2o", "knobs": {"tau": 0.005, **knobs}}}
+
+    assert rd.label(rec()) == "s2o"
+    assert rd.label(rec(step1_score_bits=32, mean_correction=False, dense_tail=0)) == "s2o"
+    assert rd.label(rec(step1_score_bits=16)) == "s2o step1_score_bits=16"
+    assert rd.label(rec(mean_correction=True)) == "s2o mean_correction=True"
+    assert rd.label(rec(tail_rank=128, tau=0.01)) == "s2o tail_rank=128 tau=0.01"
+
+
 def test_the_generated_diagnosis_refuses_to_explain_few_samples_and_flags_recall_reversals():
     from analysis import retrieval_diagnosis as rd
 

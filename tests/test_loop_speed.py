@@ -74,7 +74,8 @@ def test_measured_cells_check_the_target_and_the_job_adds_up(tmp_path):
     assert job["rest of job"] == pytest.approx(30.0 - 20.0 - 2.0 - 6.0)
     page = loop_speed.document([rec])
     assert "1 of 2 cells meet the target" in page and "sample_ms` (all were made" not in page
-    assert set(cf["GPU"]) == {"alone"}  # the record names no other process or job on its GPU
+    # the record cannot say whether another process shared its GPU (no gpu_processes)
+    assert set(cf["GPU"]) == {"unknown"}
 
 
 def test_a_cell_says_when_its_gpu_was_shared(tmp_path):
@@ -85,6 +86,11 @@ def test_a_cell_says_when_its_gpu_was_shared(tmp_path):
     path.write_text(json.dumps(rec))
     (gpu,) = loop_speed.cell_frame([loop_speed.load(path)])["GPU"]
     assert gpu == "shared: 3 processes on the GPU, 3 jobs per GPU"
+    for processes, said in ((1, "alone"), (None, "unknown")):  # None: nvidia-smi listed none
+        rec["environment"] |= {"gpu_processes": processes, "jobs_per_gpu": None}
+        path.write_text(json.dumps(rec))
+        (gpu,) = loop_speed.cell_frame([loop_speed.load(path)])["GPU"]
+        assert gpu == said
     rec["environment"] = {**rec["environment"], "device": "cpu", "device_name": "x86_64"}
     path.write_text(json.dumps(rec))
     (gpu,) = loop_speed.cell_frame([loop_speed.load(path)])["GPU"]

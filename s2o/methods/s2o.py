@@ -69,6 +69,9 @@ DEFAULTS = {
 # Off by default and absent from conf/method/s2o.yaml, so a default run's config (and its record
 # identity) is what it was before them; a run sets them with +method.mean_correction=true.
 OPTIONAL_KNOBS = ("mean_correction", "step1_score_bits")
+# S2O's named variants (departures from the paper's text, off by default), each knob with the value
+# that turns it off: a run with any of them on is a variant's result, not the paper's method's
+NAMED_VARIANTS = {"dense_tail": 0, "tail_rank": 0, "mean_correction": False, "step1_score_bits": 32}
 LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
 
