@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.records import HERE, SCRATCH, device_label, paper_numbers
+from analysis.records import HERE, SCRATCH, alone_on_gpu, device_label, paper_numbers
 from analysis.tables import markdown
 from eval.significance import (
     EXACT_MAX,
@@ -588,15 +588,11 @@ def recipe_section(done: list[tuple], correction: str = CORRECTION, level: int =
 
 
 def unshared_gpu(env: dict) -> bool:
-    """Whether a record's times are worth a column: a GPU run whose record says it was the GPU's
-    one process (``gpu_processes`` 1) and the launcher's one job there. Older records, CPU runs and
-    GPUs whose ``nvidia-smi`` lists no process (``gpu_processes`` None: a container that cannot
-    tell, where jobs started side by side by hand share the GPU unseen) are left out."""
-    return (
-        str(env.get("device", "")).startswith("cuda")
-        and env.get("gpu_processes") == 1
-        and (env.get("jobs_per_gpu") or 1) <= 1
-    )
+    """Whether a record's times are worth a column: a GPU run whose record says it had the GPU to
+    itself (:func:`analysis.records.alone_on_gpu`). Older records, CPU runs and records that
+    cannot tell (a container's ``nvidia-smi`` lists no process, and no ``gpu_jobs``) are left
+    out."""
+    return str(env.get("device", "")).startswith("cuda") and alone_on_gpu(env)
 
 
 def groups(recs: list[dict]) -> dict[tuple[str, str], list[dict]]:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.records import device_label, git_short, on_cpu, sharing
+from analysis.records import alone_on_gpu, device_label, git_short, on_cpu, sharing
 from analysis.tables import markdown
 from experiments.records import sample_lines
 
@@ -109,13 +109,13 @@ def _verdict(ratio: float) -> str:
 
 
 def _gpu(env: dict) -> str:
-    """``alone``, ``shared: ...`` (:func:`analysis.records.sharing`), ``unknown`` (the GPU's
-    process count was not recorded, or its nvidia-smi lists none), or ``none (CPU)``."""
+    """``alone`` (:func:`analysis.records.alone_on_gpu`), ``shared: ...``
+    (:func:`analysis.records.sharing`), ``unknown`` (the record cannot tell), or ``none (CPU)``."""
     if on_cpu(env):
         return "none (CPU)"
     if s := sharing(env):
         return "shared: " + ", ".join(s)
-    return "alone" if env.get("gpu_processes") == 1 else "unknown"
+    return "alone" if alone_on_gpu(env) else "unknown"
 
 
 def cell_frame(recs: list[dict]) -> pd.DataFrame:

@@ -106,15 +106,29 @@ def stale_points(rec: dict) -> list[str]:
 
 
 def sharing(env: dict) -> list[str]:
-    """Whether the record shared its GPU while it ran, in words (empty: alone): another process
-    on it (``gpu_processes`` > 1) or a launcher running several jobs on it (``jobs_per_gpu`` > 1),
-    in which case its times are not clean."""
+    """Whether the record shared its GPU while it ran, in words (empty: no sign of it, see
+    :func:`alone_on_gpu`): another process on it (``gpu_processes`` > 1), a launcher running
+    several jobs on it (``jobs_per_gpu`` > 1) or other processes of this harness (``gpu_jobs`` >
+    1), in which case its times are not clean."""
     shared = []
     if (env.get("gpu_processes") or 0) > 1:
         shared.append(f"{env['gpu_processes']} processes on the GPU")
     if (env.get("jobs_per_gpu") or 0) > 1:
         shared.append(f"{env['jobs_per_gpu']} jobs per GPU")
+    elif (env.get("gpu_jobs") or 0) > 1:
+        shared.append(f"{env['gpu_jobs']} harness processes on the GPU")
     return shared
+
+
+def alone_on_gpu(env: dict) -> bool:
+    """Whether a GPU record says it had its GPU to itself: nothing in :func:`sharing`, and either
+    ``nvidia-smi`` listed this process alone, or (a container's ``nvidia-smi`` lists none) no
+    other process of this harness used the GPU while the job ran (``gpu_jobs`` 1)."""
+    if sharing(env):
+        return False
+    return env.get("gpu_processes") == 1 or (
+        env.get("gpu_processes") is None and env.get("gpu_jobs") == 1
+    )
 
 
 def on_cpu(env: dict) -> bool:

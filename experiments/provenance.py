@@ -13,6 +13,7 @@ import platform
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,6 +111,42 @@ def gpu_driver() -> str | None:
     return lines[0].strip() if out.returncode == 0 and lines else None
 
 
+# one empty file per process that ran a record on a GPU, named ``<GPU uuid>.<pid>``
+GPU_JOBS_DIR = Path(tempfile.gettempdir()) / "s2o_gpu_jobs"
+
+
+def gpu_jobs(key: str, folder: Path | None = None) -> int:
+    """How many live processes of this harness have run a record on the GPU ``key`` (its uuid) on
+    this host, this one included, which is registered first. Where ``nvidia-smi`` lists no process
+    (a container), jobs started side by side by hand are still seen; dead processes' files go."""
+    folder = folder or GPU_JOBS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{key}.{os.getpid()}").touch()
+    live = 0
+    for f in folder.glob(f"{key}.*"):
+        try:
+            os.kill(int(f.suffix[1:]), 0)
+        except ProcessLookupError:
+            f.unlink(missing_ok=True)
+            continue
+        except (ValueError, PermissionError):
+            pass  # not a pid of ours to judge, or another user's live process
+        live += 1
+    return live
+
+
+def gpu_jobs_on(device) -> int | None:
+    """:func:`gpu_jobs` for a CUDA ``device`` (None off CUDA or where its uuid is unknown)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        return gpu_jobs(str(torch.cuda.get_device_properties(device).uuid))
+    except (RuntimeError, AttributeError, OSError):
+        return None
+
+
 def gpu_processes(device) -> int | None:
     """How many compute processes use ``device``'s GPU now, this one included (``nvidia-smi``,
     matched by GPU UUID, so ``CUDA_VISIBLE_DEVICES`` remapping does not matter). More than 1: the
@@ -137,7 +174,8 @@ def environment(device, git_rev: str | None) -> dict:
     """The ``environment`` block of every record (harness runs and benchmarks): the device and
     its model, driver, torch / Triton / CUDA / transformers versions, code revision
     (:func:`code_revision`), host, time,
-    and on a GPU how many processes shared it (:func:`gpu_processes`)."""
+    and on a GPU how many processes shared it (:func:`gpu_processes`) and how many of this
+    harness's processes used it (:func:`gpu_jobs`; the record updates it when its job ends)."""
     import torch
 
     device = torch.device(device)
@@ -151,6 +189,7 @@ def environment(device, git_rev: str | None) -> dict:
         "driver": gpu_driver() if device.type == "cuda" else None,
         "gpu_processes": gpu_processes(device) if device.type == "cuda" else None,
         "jobs_per_gpu": jobs_per_gpu(),
+        "gpu_jobs": gpu_jobs_on(device),
         "torch": torch.__version__,
         "triton": _triton_version(),
         "cuda": torch.version.cuda,

@@ -42,7 +42,7 @@ import torch
 from eval import files
 
 from .errors import ConfigError, non_finite
-from .provenance import code_revision, environment, is_tracked
+from .provenance import code_revision, environment, gpu_jobs_on, is_tracked
 
 # Keys that do not change what is computed: left out of a run's identity (its hash). The code
 # revision, the data files' content and the device model enter it separately (run_identity).
@@ -387,6 +387,10 @@ def compute(resolved: dict, path: Path, body: Callable[[], dict]) -> dict:
     t0 = time.perf_counter()
     try:
         record["metrics"] = body()
+        if record["environment"]["gpu_jobs"] is not None:  # jobs that started while this one ran
+            record["environment"]["gpu_jobs"] = max(
+                record["environment"]["gpu_jobs"], gpu_jobs_on(device) or 0
+            )
         bad = non_finite(record["metrics"])
         if bad:
             record.update(status="error", error=f"non-finite metric(s): {', '.join(bad[:8])}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -261,6 +262,34 @@ def test_gpu_processes_counts_the_processes_on_this_gpu(monkeypatch):
     assert provenance.gpu_processes(0) is None
     monkeypatch.setattr(provenance.shutil, "which", lambda name: None)
     assert provenance.gpu_processes(0) is None
+
+
+def test_gpu_jobs_sees_harness_processes_that_nvidia_smi_does_not(tmp_path):
+    """In a container nvidia-smi lists no process; a job still counts the live processes of this
+    harness that registered on its GPU (one file per GPU uuid and pid): another live one makes
+    2, its file goes once it has exited, and another GPU's files do not count."""
+    import subprocess
+    import sys
+
+    from analysis.records import alone_on_gpu, sharing
+    from experiments import provenance
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / f"gpu-a.{other.pid}").touch()
+        (tmp_path / f"gpu-b.{other.pid}").touch()
+        assert provenance.gpu_jobs("gpu-a", tmp_path) == 2  # this process registers itself
+        assert (tmp_path / f"gpu-a.{os.getpid()}").is_file()
+    finally:
+        other.kill()
+        other.wait()
+    assert provenance.gpu_jobs("gpu-a", tmp_path) == 1
+    assert not (tmp_path / f"gpu-a.{other.pid}").exists()
+    env = {"device": "cuda:0", "gpu_processes": None, "jobs_per_gpu": None}
+    assert sharing({**env, "gpu_jobs": 2}) == ["2 harness processes on the GPU"]
+    assert not alone_on_gpu({**env, "gpu_jobs": 2}) and alone_on_gpu({**env, "gpu_jobs": 1})
+    assert not alone_on_gpu(env)  # an older record: it cannot tell
+    assert alone_on_gpu({**env, "gpu_processes": 1})
 
 
 def _identity(res: dict) -> dict:
