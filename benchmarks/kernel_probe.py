@@ -9,11 +9,14 @@ kernel. One row per
 measurement in ``metrics.rows`` (``do_bench`` medians), with the density reached and the
 walked tiles, so ``analysis/kernel_breakdown.py`` turns them into TFLOP/s. ``--once`` runs every
 kernel once, untimed: the command Nsight Compute profiles (its CSV, saved beside the record as
-``ncu.csv``, gives the page its bound verdicts).
+``ncu.csv``, gives the page its bound verdicts; SchedulerStats gives the warps per scheduler
+that ``analysis/kernel_breakdown.py`` reads, ``-k regex:_s2o_`` keeps ncu off the input's
+generation).
 
     python -m benchmarks.kernel_probe --length 131072 --heads 32/8 --rev <sha>          # GPU
     ncu --csv --page details -k regex:_s2o_ --section SpeedOfLight --section LaunchStats \
-        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section Occupancy --section SchedulerStats --section WarpStateStats \
+        --section ComputeWorkloadAnalysis \
         python -m benchmarks.kernel_probe --once --parts pass1,pass2,pass2_gluon,fused > ncu.csv
     python -m benchmarks.kernel_probe --smoke --out /tmp/bench                           # CPU check
 """
