@@ -90,17 +90,12 @@ def aligned(*tensors: torch.Tensor) -> bool:
 
 
 @gluon.jit
-def _tile_keys(KVP_row, j, n_tiles, BLOCK_N: gl.constexpr, load_l: gl.constexpr):
-    """Ranked tile ``j``'s key positions (``kv_perm``), 0 past the ranked prefix."""
+def _issue(k_smem, v_smem, slot, K_head, V_head, KVP_row, j, stride_kl: gl.constexpr,
+           stride_vl: gl.constexpr, BLOCK_N: gl.constexpr, HEAD: gl.constexpr,
+           load_l: gl.constexpr):  # fmt: skip
+    """cp.async of ranked tile ``j``'s K and V rows (gathered through ``kv_perm``) into ``slot``."""
     cols = j * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, load_l))
-    return gl.load(KVP_row + cols, mask=cols < n_tiles * BLOCK_N, other=0)
-
-
-@gluon.jit
-def _issue(k_smem, v_smem, slot, K_head, V_head, keys, stride_kl: gl.constexpr,
-           stride_vl: gl.constexpr, HEAD: gl.constexpr, load_l: gl.constexpr):  # fmt: skip
-    """cp.async of one ranked tile's K and V rows (``keys``: :func:`_tile_keys`) into ``slot``."""
-    idx = keys.to(gl.int64)
+    idx = gl.load(KVP_row + cols).to(gl.int64)
     offs_d = gl.arange(0, HEAD, gl.SliceLayout(0, load_l))
     _cp_load(k_smem.index(slot), K_head + idx[:, None] * stride_kl + offs_d[None, :])
     _cp_load(v_smem.index(slot), V_head + idx[:, None] * stride_vl + offs_d[None, :])
@@ -142,12 +137,9 @@ def _s2o_pass2_gluon_kernel(
     KVP_row = KVP + b * stride_pb + h * stride_ph + seg * stride_pn
     for i0 in gl.static_range(RING - 1):  # the ring's first tiles, before anything else
         if i0 < n_tiles:
-            _issue(k_smem, v_smem, i0, K_head, V_head, _tile_keys(KVP_row, i0, n_tiles, BLOCK_N,
-                   load_l), stride_kl, stride_vl, HEAD, load_l)  # fmt: skip
+            _issue(k_smem, v_smem, i0, K_head, V_head, KVP_row, i0, stride_kl, stride_vl,
+                   BLOCK_N, HEAD, load_l)  # fmt: skip
         cp.commit_group()
-    # the next tile's key positions, loaded one iteration before its copies are issued, so the
-    # load's latency is not between P V(j) and QK(j + 1)
-    keys_next = _tile_keys(KVP_row, RING - 1, n_tiles, BLOCK_N, load_l)
 
     # the tile's query rows (Q_perm order) into shared memory, their Pass-1 state into registers
     end = gl.minimum(seg_start + S, L)
@@ -208,10 +200,9 @@ def _s2o_pass2_gluon_kernel(
         _barrier()
         jn = j + 1
         if go & (jn < n_tiles):
-            _issue(k_smem, v_smem, jn % RING, K_head, V_head, keys_next, stride_kl, stride_vl,
-                   HEAD, load_l)  # fmt: skip
+            _issue(k_smem, v_smem, jn % RING, K_head, V_head, KVP_row, jn, stride_kl, stride_vl,
+                   BLOCK_N, HEAD, load_l)  # fmt: skip
         cp.commit_group()
-        keys_next = _tile_keys(KVP_row, jn + 1, n_tiles, BLOCK_N, load_l)
         # QK of tile j (speculative at the stop: its result is then waited for and dropped)
         s_tok = warpgroup_mma(q_smem, k_smem.index(j % RING).permute((1, 0)), zero,
                               use_acc=False, is_async=True)  # fmt: skip
