@@ -33,7 +33,7 @@ from analysis.records import SCRATCH, device_name, rel_path
 from analysis.tables import markdown as _markdown
 from eval.evidence import MIN_MASS
 from eval.significance import adjust_p, paired_test
-from s2o.methods.s2o import NAMED_VARIANTS
+from s2o.methods.s2o import variants_on
 
 
 def markdown(head: list[str], rows: list[list]) -> str:
@@ -53,9 +53,7 @@ def label(rec: dict) -> str:
     knobs = rec["metrics"].get("knobs") or {}
     extra = []
     if name == "s2o":
-        for variant, off in NAMED_VARIANTS.items():
-            if knobs.get(variant, off) != off:
-                extra.append(f"{variant}={knobs[variant]}")
+        extra += [f"{variant}={value}" for variant, value in variants_on(knobs).items()]
         if knobs.get("tau") not in (None, 0.005):
             extra.append(f"tau={knobs['tau']}")
         if knobs.get("segment_len") not in (None, 2048):

@@ -34,7 +34,7 @@ from analysis.records import device_label, git_short
 from analysis.sections import Ctx, Section
 from analysis.tables import markdown
 from eval.amdahl import amdahl_ms
-from s2o.methods.s2o import NAMED_VARIANTS
+from s2o.methods.s2o import variants_on
 
 PAIR = ("s2o", "flashprefill")
 NAMES = {"s2o": "S2O", "flashprefill": "FlashPrefill"}
@@ -215,7 +215,8 @@ FORMATS = (
 
 def matched_frame(recs: list[dict]) -> pd.DataFrame:
     """One row per measured point of each (S2O family, FlashPrefill family) pair at each length of
-    each record (:func:`matched_rows`), with ``record``: its id."""
+    each record (:func:`matched_rows`), with ``record``: its id, and ``paper's method``: whether the
+    S2O family turns on no named variant."""
     out = []
     for rec in recs:
         names = family_names(rec)
@@ -229,9 +230,10 @@ def matched_frame(recs: list[dict]) -> pd.DataFrame:
                     "L": L,
                     "S2O": names[s],
                     "FlashPrefill": names[f],
+                    "paper's method": not variants_on(json.loads(s[1])),
                 }
                 out += [head | row for row in matched_rows(fams[s], fams[f], dense)]
-    df = pd.DataFrame(out, columns=["record", "side", *COLUMNS])
+    df = pd.DataFrame(out, columns=["record", "side", "paper's method", *COLUMNS])
     return df.sort_values("L", kind="stable", ignore_index=True)
 
 
@@ -247,7 +249,7 @@ def _size(L: int) -> str:
 def verdicts(df: pd.DataFrame) -> list[str]:
     """One sentence per (record, length, pair) from :data:`RULES`, then the target's from
     :data:`TARGET_RULES`: met at a length where some S2O family of the paper's method (no named
-    variant, :data:`~s2o.methods.s2o.NAMED_VARIANTS`) is faster (ratio below 1) at every density
+    variant, :func:`~s2o.methods.s2o.variants_on`) is faster (ratio below 1) at every density
     it was matched at, against every FlashPrefill family there."""
     out, met = [], defaultdict(list)
     for (_, L, s, f), g in df.groupby(["record", "L", "S2O", "FlashPrefill"], sort=False):
@@ -261,7 +263,7 @@ def verdicts(df: pd.DataFrame) -> list[str]:
              "s_span": _span([{"density": d} for d in sorted(sd)]),
              "f_span": _span([{"density": d} for d in sorted(fd)])}  # fmt: skip
         out.append(next(text for test, text in RULES if test(v)).format(**v))
-        if not any(f" {k}=" in f" {s} " for k in NAMED_VARIANTS):  # the paper's method only
+        if g["paper's method"].all():  # a named variant's family gets its sentence, not the target
             met[(L, s)].append(v["matched"] > 0 and v["faster"] == v["matched"])
     t = {
         "targets": ", ".join(_size(L) for L in TARGET_LENGTHS),

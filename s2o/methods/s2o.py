@@ -72,6 +72,14 @@ OPTIONAL_KNOBS = ("mean_correction", "step1_score_bits")
 # S2O's named variants (departures from the paper's text, off by default), each knob with the value
 # that turns it off: a run with any of them on is a variant's result, not the paper's method's
 NAMED_VARIANTS = {"dense_tail": 0, "tail_rank": 0, "mean_correction": False, "step1_score_bits": 32}
+
+
+def variants_on(knobs: dict) -> dict:
+    """The named variants that ``knobs`` turn on (:data:`NAMED_VARIANTS`), with their values;
+    empty: the paper's method."""
+    return {k: knobs[k] for k, off in NAMED_VARIANTS.items() if knobs.get(k, off) != off}
+
+
 LAUNCH_KERNELS = ("pass1", "pass2", "fused")
 
 
